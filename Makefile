@@ -1,0 +1,53 @@
+# shardfs — two commands on a fresh Debian machine: `make demo` and `make test`.
+# Both install what they need: Debian packages (as root, or through sudo) and a venv.
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
+LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
+C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c
+
+.PHONY: all deps apt venv demo test test-c test-py clean
+
+all: venv
+
+# Debian packages: installed only when one is missing.
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) shardfs/c/module.c shardfs/c/shard.h shardfs/c/chd.h
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	@touch $@
+
+venv: apt $(VENV)/.stamp
+
+deps: venv
+
+tests/c/test_shard: tests/c/test_shard.c $(C_SOURCES) shardfs/c/shard.h shardfs/c/chd.h
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_shard.c $(C_SOURCES) $(LIBS_C)
+
+test-c: apt tests/c/test_shard
+	./tests/c/test_shard
+
+test-py: venv
+	$(PY) -m pytest -q tests
+
+test: test-c test-py
+
+demo: venv
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
+
+clean:
+	rm -rf build *.egg-info tests/c/test_shard shardfs/*.so

@@ -1,0 +1,31 @@
+"""Build the shardfs package and its C extension against the system libcmph.
+
+`pip install .` (or `make venv`) needs libcmph-dev and pkg-config (Debian).
+"""
+import subprocess
+
+from setuptools import Extension, setup
+
+
+def pkg_config(flag, package, default):
+    try:
+        out = subprocess.run(["pkg-config", flag, package], check=True,
+                             capture_output=True, text=True).stdout.split()
+        return out or default
+    except (OSError, subprocess.CalledProcessError):
+        return default
+
+
+cflags = pkg_config("--cflags-only-I", "cmph", [])
+libs = pkg_config("--libs", "cmph", ["-lcmph"])
+
+extension = Extension(
+    "shardfs._shardfs",
+    sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/writer.c",
+             "shardfs/c/module.c"],
+    include_dirs=["shardfs/c"] + [f[2:] for f in cflags],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_link_args=libs,
+)
+
+setup(ext_modules=[extension])

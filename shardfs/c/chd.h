@@ -1,0 +1,69 @@
+/*
+ * chd.h — evaluate a CHD_PH perfect hash function straight from its cmph_dump
+ * bytes, with every length and position checked against the buffer.
+ *
+ * Why not cmph_load(): it copies the function to the heap and trusts every
+ * length in the dump, so a corrupt shard could make it allocate without bound
+ * or read out of bounds. Here the dump is parsed in place (mmap'ed), checked
+ * completely once, and each query is bounds-checked again; cmph itself is used
+ * only to build the function (writer.c), and tests compare both evaluators.
+ *
+ * Layout of the dump (cmph 2.0.2, chd_ph.c, cmph_structs.c, hash.c,
+ * compressed_seq.c, select.c; all integers are little-endian u32 as written
+ * by x86-64 hosts):
+ *
+ *   "chd_ph\0"                          algorithm name
+ *   size                                number of slots (n)
+ *   hl_len, "jenkins\0" seed            hash state (hl_len = 12)
+ *   cs_len, compressed sequence:        the displacement of each bucket
+ *       cs_n (= nbuckets), rem_r, total_length,
+ *       sel_len, select: sel_n (= cs_n), sel_m, bits[(sel_n+sel_m+31)/32],
+ *                        select_table[sel_n/128 + 1]
+ *       length_rems[(cs_n*rem_r+31)/32], store[(total_length+31)/32]
+ *   n, nbuckets
+ *
+ * Query of a 32-byte key (chd_ph_search): (h0,h1,h2) = jenkins(seed, key);
+ * g = h0 % nbuckets, f = h1 % n, h = h2 % (n-1) + 1; d = displacement(g);
+ * slot = (f + h * (d % n) + d / n) % n.
+ */
+#ifndef SHARDFS_CHD_H
+#define SHARDFS_CHD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SFS_CHD_FAIL UINT32_MAX
+
+typedef struct sfs_chd {
+    uint32_t seed;         /* jenkins seed */
+    uint32_t n;            /* slots (bins), >= 2 */
+    uint32_t nbuckets;     /* buckets, >= 1 */
+    uint32_t rem_r;        /* bits of each length remainder, <= 31 */
+    uint32_t total_length; /* bits in store */
+    uint64_t nbits;        /* bits in the select bit vector: sel_n + sel_m */
+    const uint8_t *bits;   /* select bit vector, bit i = byte i/8, bit i%8 */
+    uint64_t bits_bytes;
+    const uint8_t *select_table; /* u32 LE: position of one number 128*j */
+    const uint8_t *length_rems;  /* u32 LE words */
+    uint64_t length_rems_words;
+    const uint8_t *store;        /* u32 LE words */
+    uint64_t store_words;
+    uint64_t dump_size;          /* bytes of the whole dump */
+} sfs_chd_t;
+
+/* Bytes of the dump whose first `avail` bytes are at buf (avail >= 31 needed):
+ * 39 + cs_len. Returns 0 when the prefix is not a CHD_PH dump. */
+uint64_t sfs_chd_dump_size(const uint8_t *buf, uint64_t avail);
+
+/* Parse and fully validate the dump in buf[0..len). On failure returns -1 and
+ * writes a reason into why (no allocation, no read outside buf). */
+int sfs_chd_parse(sfs_chd_t *chd, const uint8_t *buf, uint64_t len, char *why, size_t why_size);
+
+/* Slot of a key in [0, n), or SFS_CHD_FAIL if the structure proves
+ * inconsistent for this query (impossible after a successful parse). */
+uint32_t sfs_chd_search(const sfs_chd_t *chd, const uint8_t *key, uint32_t keylen);
+
+/* cmph's jenkins hash vector for a key (exposed for tests). */
+void sfs_chd_jenkins(uint32_t seed, const uint8_t *key, uint32_t keylen, uint32_t out[3]);
+
+#endif

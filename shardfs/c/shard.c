@@ -1,0 +1,466 @@
+/*
+ * shard.c — open, validate and read Read Shards; check and delete.
+ *
+ * The whole extent [0, end of the hash section) is mmap'ed read-only once;
+ * lookups and reads are then plain loads from the mapping: no lock, no file
+ * position, no system call on the hot path. Every offset and size read from
+ * the file is checked against the section it must lie in before use.
+ */
+#define _GNU_SOURCE
+#include "shard.h"
+#include "chd.h"
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct sfs_shard {
+    int fd;
+    int writable;
+    char *path;
+    sfs_header_t header;
+    uint64_t file_size;   /* bytes of the file or device */
+    uint64_t extent;      /* bytes used by the shard */
+    uint64_t slots;
+    uint64_t objects_end; /* objects_position + objects_size */
+    const uint8_t *map;
+    sfs_chd_t chd;
+    uint64_t live;        /* cached live count + 1; 0 = not counted yet */
+};
+
+static inline uint64_t be64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return __builtin_bswap64(v);
+}
+
+static inline void put_be64(uint8_t *p, uint64_t v)
+{
+    v = __builtin_bswap64(v);
+    memcpy(p, &v, 8);
+}
+
+const char *sfs_strstatus(int status)
+{
+    switch (status) {
+    case SFS_OK: return "ok";
+    case SFS_ENOTFOUND: return "not found";
+    case SFS_ECORRUPT: return "corrupt shard";
+    case SFS_EIO: return "input/output error";
+    case SFS_EINVAL: return "invalid argument";
+    case SFS_EDUPLICATE: return "duplicate key";
+    case SFS_ENOMEM: return "out of memory";
+    case SFS_ELIMIT: return "too many keys";
+    case SFS_EHASH: return "perfect hash build failed";
+    default: return "unknown error";
+    }
+}
+
+int sfs_fail(sfs_error_t *err, int status, int sys_errno, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        err->status = status;
+        err->sys_errno = sys_errno;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof(err->message), fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+/* Size in bytes of a regular file or block device open on fd. */
+int sfs_fd_size(int fd, const char *path, uint64_t *size, int *is_blk, sfs_error_t *err)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return sfs_fail(err, SFS_EIO, errno, "%s: %s", path, strerror(errno));
+    *is_blk = S_ISBLK(st.st_mode);
+    if (S_ISREG(st.st_mode)) {
+        *size = (uint64_t)st.st_size;
+    } else if (S_ISBLK(st.st_mode)) {
+        if (ioctl(fd, BLKGETSIZE64, size) < 0)
+            return sfs_fail(err, SFS_EIO, errno, "%s: %s", path, strerror(errno));
+    } else {
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: not a regular file or block device", path);
+    }
+    return SFS_OK;
+}
+
+#define CORRUPT(...) sfs_fail(err, SFS_ECORRUPT, 0, __VA_ARGS__)
+
+/* Validate the header against the file size; sets slots and objects_end. */
+static int validate_header(sfs_shard_t *s, const uint8_t raw[SFS_HEADER_END], sfs_error_t *err)
+{
+    const char *p = s->path;
+    uint64_t size = s->file_size;
+    uint8_t magic[SFS_MAGIC_SIZE] = {0};
+    memcpy(magic, SFS_MAGIC, sizeof(SFS_MAGIC) - 1);
+    if (memcmp(raw, magic, SFS_MAGIC_SIZE) != 0)
+        return CORRUPT("%s: bad magic: not a Read Shard (expected \"SWHShard\" padded with NULs)", p);
+    uint64_t f[7];
+    for (int i = 0; i < 7; i++)
+        f[i] = be64(raw + SFS_MAGIC_SIZE + 8 * i);
+    sfs_header_t *h = &s->header;
+    h->version = f[0];
+    h->objects_count = f[1];
+    h->objects_position = f[2];
+    h->objects_size = f[3];
+    h->index_position = f[4];
+    h->index_size = f[5];
+    h->hash_position = f[6];
+
+    if (h->version != SFS_VERSION)
+        return CORRUPT("%s: header field version is %llu, only version 1 is supported", p,
+                       (unsigned long long)h->version);
+    if (h->objects_position < SFS_HEADER_END || h->objects_position > size)
+        return CORRUPT("%s: header field objects_position is %llu, outside [88, %llu] (file size)",
+                       p, (unsigned long long)h->objects_position, (unsigned long long)size);
+    if (h->objects_size > size - h->objects_position)
+        return CORRUPT("%s: header field objects_size is %llu: the objects section would end past "
+                       "the end of the file (%llu bytes)",
+                       p, (unsigned long long)h->objects_size, (unsigned long long)size);
+    s->objects_end = h->objects_position + h->objects_size;
+    if (h->index_position < s->objects_end || h->index_position > size)
+        return CORRUPT("%s: header field index_position is %llu, outside [%llu, %llu] (end of "
+                       "objects, file size)",
+                       p, (unsigned long long)h->index_position,
+                       (unsigned long long)s->objects_end, (unsigned long long)size);
+    if (h->index_size == 0 || h->index_size % SFS_SLOT_SIZE != 0)
+        return CORRUPT("%s: header field index_size is %llu, not a positive multiple of 40", p,
+                       (unsigned long long)h->index_size);
+    if (h->index_size > size - h->index_position)
+        return CORRUPT("%s: header field index_size is %llu: the index would end past the end "
+                       "of the file (%llu bytes)",
+                       p, (unsigned long long)h->index_size, (unsigned long long)size);
+    s->slots = h->index_size / SFS_SLOT_SIZE;
+    if (s->slots > UINT32_MAX)
+        return CORRUPT("%s: header field index_size is %llu: more slots than a perfect hash holds",
+                       p, (unsigned long long)h->index_size);
+    if (h->objects_count > s->slots)
+        return CORRUPT("%s: header field objects_count is %llu, more than the %llu slots of the "
+                       "index",
+                       p, (unsigned long long)h->objects_count, (unsigned long long)s->slots);
+    if (h->objects_count > h->objects_size / 8)
+        return CORRUPT("%s: header field objects_count is %llu but objects_size (%llu bytes) "
+                       "cannot hold that many 8-byte size fields",
+                       p, (unsigned long long)h->objects_count,
+                       (unsigned long long)h->objects_size);
+    uint64_t index_end = h->index_position + h->index_size;
+    if (h->hash_position < index_end || h->hash_position >= size)
+        return CORRUPT("%s: header field hash_position is %llu, outside [%llu, %llu) (end of "
+                       "index, file size)",
+                       p, (unsigned long long)h->hash_position, (unsigned long long)index_end,
+                       (unsigned long long)size);
+    return SFS_OK;
+}
+
+int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err)
+{
+    *out = NULL;
+    sfs_shard_t *s = calloc(1, sizeof(*s));
+    if (!s || !(s->path = strdup(path))) {
+        free(s);
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
+    }
+    s->fd = -1;
+    s->writable = writable;
+    int rc;
+    s->fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (s->fd < 0) {
+        rc = sfs_fail(err, SFS_EIO, errno, "%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    int is_blk;
+    if ((rc = sfs_fd_size(s->fd, path, &s->file_size, &is_blk, err)) != SFS_OK)
+        goto fail;
+    if (s->file_size < SFS_HEADER_END) {
+        rc = CORRUPT("%s: truncated: %llu bytes, smaller than the 88-byte header", path,
+                     (unsigned long long)s->file_size);
+        goto fail;
+    }
+    uint8_t raw[SFS_HEADER_END];
+    ssize_t got = pread(s->fd, raw, sizeof(raw), 0);
+    if (got != (ssize_t)sizeof(raw)) {
+        rc = sfs_fail(err, SFS_EIO, got < 0 ? errno : EIO, "%s: reading the header: %s", path,
+                      got < 0 ? strerror(errno) : "short read");
+        goto fail;
+    }
+    if ((rc = validate_header(s, raw, err)) != SFS_OK)
+        goto fail;
+
+    /* The dump's own length fields give the extent; read its fixed prefix. */
+    uint8_t prefix[31];
+    uint64_t avail = s->file_size - s->header.hash_position;
+    size_t want = avail < sizeof(prefix) ? (size_t)avail : sizeof(prefix);
+    got = pread(s->fd, prefix, want, (off_t)s->header.hash_position);
+    if (got != (ssize_t)want) {
+        rc = sfs_fail(err, SFS_EIO, got < 0 ? errno : EIO, "%s: reading the hash section: %s",
+                      path, got < 0 ? strerror(errno) : "short read");
+        goto fail;
+    }
+    uint64_t dump = sfs_chd_dump_size(prefix, want);
+    if (dump == 0) {
+        rc = CORRUPT("%s: hash section at byte %llu is not a CHD_PH perfect hash (or is "
+                     "truncated)",
+                     path, (unsigned long long)s->header.hash_position);
+        goto fail;
+    }
+    if (dump > avail) {
+        rc = CORRUPT("%s: truncated: the hash section needs %llu bytes, the file has %llu after "
+                     "hash_position",
+                     path, (unsigned long long)dump, (unsigned long long)avail);
+        goto fail;
+    }
+    s->extent = s->header.hash_position + dump;
+    void *m = mmap(NULL, s->extent, PROT_READ, MAP_SHARED, s->fd, 0);
+    if (m == MAP_FAILED) {
+        rc = sfs_fail(err, SFS_EIO, errno, "%s: mmap: %s", path, strerror(errno));
+        goto fail;
+    }
+    s->map = m;
+    /* Random lookups: do not read ahead objects and index. */
+    madvise((void *)s->map, s->extent, MADV_RANDOM);
+    char why[256];
+    if (sfs_chd_parse(&s->chd, s->map + s->header.hash_position, dump, why, sizeof(why)) < 0) {
+        rc = CORRUPT("%s: %s", path, why);
+        goto fail;
+    }
+    if (s->chd.n != s->slots) {
+        rc = CORRUPT("%s: the perfect hash has %u slots but header field index_size gives %llu",
+                     path, s->chd.n, (unsigned long long)s->slots);
+        goto fail;
+    }
+    *out = s;
+    return SFS_OK;
+fail:
+    sfs_close(s);
+    return rc;
+}
+
+void sfs_close(sfs_shard_t *s)
+{
+    if (!s)
+        return;
+    if (s->map)
+        munmap((void *)s->map, s->extent);
+    if (s->fd >= 0)
+        close(s->fd);
+    free(s->path);
+    free(s);
+}
+
+const sfs_header_t *sfs_header(const sfs_shard_t *s) { return &s->header; }
+const char *sfs_path(const sfs_shard_t *s) { return s->path; }
+uint64_t sfs_slot_count(const sfs_shard_t *s) { return s->slots; }
+uint64_t sfs_extent(const sfs_shard_t *s) { return s->extent; }
+uint64_t sfs_hash_size(const sfs_shard_t *s) { return s->chd.dump_size; }
+
+uint32_t sfs_slot_of(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE])
+{
+    return sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
+}
+
+static inline const uint8_t *slot_ptr(const sfs_shard_t *s, uint64_t slot)
+{
+    return s->map + s->header.index_position + slot * SFS_SLOT_SIZE;
+}
+
+uint64_t sfs_slot_get(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE])
+{
+    if (slot >= s->slots)
+        return SFS_EMPTY_OFFSET;
+    const uint8_t *p = slot_ptr(s, slot);
+    if (key_out)
+        memcpy(key_out, p, SFS_KEY_SIZE);
+    return be64(p + SFS_KEY_SIZE);
+}
+
+/* Object at `offset` (of its size field): data offset and size, bounded by
+ * the objects section. */
+static inline int resolve(const sfs_shard_t *s, uint64_t offset, uint64_t *data_offset,
+                          uint64_t *size)
+{
+    if (offset < s->header.objects_position || offset > s->objects_end ||
+        s->objects_end - offset < 8)
+        return SFS_ECORRUPT;
+    uint64_t n = be64(s->map + offset);
+    if (n > s->objects_end - offset - 8)
+        return SFS_ECORRUPT;
+    *data_offset = offset + 8;
+    *size = n;
+    return SFS_OK;
+}
+
+int sfs_lookup(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint64_t *data_offset,
+               uint64_t *size)
+{
+    uint32_t slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
+    if (slot >= s->slots)
+        return SFS_ECORRUPT;
+    const uint8_t *p = slot_ptr(s, slot);
+    uint64_t offset = be64(p + SFS_KEY_SIZE);
+    if (offset == SFS_EMPTY_OFFSET || memcmp(p, key, SFS_KEY_SIZE) != 0)
+        return SFS_ENOTFOUND;
+    return resolve(s, offset, data_offset, size);
+}
+
+int sfs_slot_object(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE],
+                    uint64_t *data_offset, uint64_t *size)
+{
+    if (slot >= s->slots)
+        return SFS_EINVAL;
+    uint64_t offset = sfs_slot_get(s, slot, key_out);
+    if (offset == SFS_EMPTY_OFFSET)
+        return SFS_ENOTFOUND;
+    return resolve(s, offset, data_offset, size);
+}
+
+const uint8_t *sfs_data(const sfs_shard_t *s, uint64_t offset, uint64_t length)
+{
+    if (offset < s->header.objects_position || offset > s->objects_end ||
+        length > s->objects_end - offset)
+        return NULL;
+    return s->map + offset;
+}
+
+int sfs_read(const sfs_shard_t *s, uint64_t offset, void *dst, size_t length)
+{
+    const uint8_t *p = sfs_data(s, offset, length);
+    if (!p)
+        return SFS_EINVAL;
+    memcpy(dst, p, length);
+    return SFS_OK;
+}
+
+uint64_t sfs_live_count(sfs_shard_t *s)
+{
+    uint64_t cached = __atomic_load_n(&s->live, __ATOMIC_RELAXED);
+    if (cached)
+        return cached - 1;
+    uint64_t live = 0;
+    for (uint64_t i = 0; i < s->slots; i++)
+        live += be64(slot_ptr(s, i) + SFS_KEY_SIZE) != SFS_EMPTY_OFFSET;
+    __atomic_store_n(&s->live, live + 1, __ATOMIC_RELAXED);
+    return live;
+}
+
+static void hex(const uint8_t key[SFS_KEY_SIZE], char out[2 * SFS_KEY_SIZE + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < SFS_KEY_SIZE; i++) {
+        out[2 * i] = digits[key[i] >> 4];
+        out[2 * i + 1] = digits[key[i] & 15];
+    }
+    out[2 * SFS_KEY_SIZE] = 0;
+}
+
+uint64_t sfs_check(sfs_shard_t *s, void (*report)(void *ctx, const char *message), void *ctx,
+                   uint64_t max_reports)
+{
+    uint64_t problems = 0, live = 0;
+    char msg[512], hk[2 * SFS_KEY_SIZE + 1];
+#define REPORT(...)                                                                                \
+    do {                                                                                           \
+        if (problems++ < max_reports && report) {                                                  \
+            snprintf(msg, sizeof(msg), __VA_ARGS__);                                               \
+            report(ctx, msg);                                                                      \
+        }                                                                                          \
+    } while (0)
+    for (uint64_t i = 0; i < s->slots; i++) {
+        uint8_t key[SFS_KEY_SIZE];
+        uint64_t offset = sfs_slot_get(s, i, key), doff, size;
+        if (offset == SFS_EMPTY_OFFSET)
+            continue;
+        live++;
+        hex(key, hk);
+        uint32_t home = sfs_slot_of(s, key);
+        if (home != i)
+            REPORT("slot %llu: key %s hashes to slot %u", (unsigned long long)i, hk, home);
+        if (offset < s->header.objects_position || offset > s->objects_end ||
+            s->objects_end - offset < 8)
+            REPORT("slot %llu: key %s: offset %llu is outside the objects section [%llu, %llu)",
+                   (unsigned long long)i, hk, (unsigned long long)offset,
+                   (unsigned long long)s->header.objects_position,
+                   (unsigned long long)s->objects_end);
+        else if (resolve(s, offset, &doff, &size) != SFS_OK)
+            REPORT("slot %llu: key %s: object size %llu at offset %llu runs past the objects "
+                   "section",
+                   (unsigned long long)i, hk, (unsigned long long)be64(s->map + offset),
+                   (unsigned long long)offset);
+    }
+    if (live > s->header.objects_count)
+        REPORT("%llu live slots, more than header field objects_count (%llu)",
+               (unsigned long long)live, (unsigned long long)s->header.objects_count);
+#undef REPORT
+    return problems;
+}
+
+static int pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = pwrite(fd, p, len, (off_t)offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return 0;
+}
+
+int sfs_delete(sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], sfs_error_t *err)
+{
+    if (!s->writable)
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: opened read-only", s->path);
+    uint64_t doff, size;
+    int rc = sfs_lookup(s, key, &doff, &size);
+    if (rc == SFS_ENOTFOUND)
+        return sfs_fail(err, rc, 0, "%s: key not found", s->path);
+    if (rc != SFS_OK)
+        return sfs_fail(err, rc, 0, "%s: the key's slot points outside the objects section",
+                        s->path);
+    uint32_t slot = sfs_slot_of(s, key);
+    /* Order matters for an interrupted delete (see docs/format.md):
+     * 1. the object's bytes become zeros (its size field still valid);
+     * 2. its slot becomes the empty marker;
+     * 3. its size field becomes zero. Each step leaves a valid shard. */
+    static const uint8_t zeros[65536];
+    uint64_t left = size, at = doff;
+    while (left) {
+        size_t chunk = left < sizeof(zeros) ? (size_t)left : sizeof(zeros);
+        if (pwrite_all(s->fd, zeros, chunk, at) < 0)
+            goto io;
+        left -= chunk;
+        at += chunk;
+    }
+    if (fdatasync(s->fd) < 0 && errno != EINVAL)
+        goto io;
+    uint8_t empty[SFS_SLOT_SIZE] = {0};
+    put_be64(empty + SFS_KEY_SIZE, SFS_EMPTY_OFFSET);
+    if (pwrite_all(s->fd, empty, sizeof(empty),
+                   s->header.index_position + (uint64_t)slot * SFS_SLOT_SIZE) < 0)
+        goto io;
+    if (pwrite_all(s->fd, zeros, 8, doff - 8) < 0)
+        goto io;
+    if (fdatasync(s->fd) < 0 && errno != EINVAL)
+        goto io;
+    __atomic_store_n(&s->live, 0, __ATOMIC_RELAXED);
+    return SFS_OK;
+io:
+    return sfs_fail(err, SFS_EIO, errno, "%s: %s", s->path, strerror(errno));
+}

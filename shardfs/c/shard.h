@@ -1,0 +1,185 @@
+/*
+ * shard.h — the shardfs C core: Read Shards in the Software Heritage v1 layout.
+ *
+ * Format (source: swh-shard 2.2.1, docs/format.rst and shard.h; restated in
+ * docs/format.md of this repository):
+ *
+ *   bytes 0..32    magic "SWHShard", NUL-padded to 32 bytes
+ *   bytes 32..88   header: seven big-endian u64 — version (=1), objects_count,
+ *                  objects_position, objects_size, index_position, index_size,
+ *                  hash_position
+ *   objects        at objects_position (512 when we write), each object is a
+ *                  big-endian u64 size followed by that many bytes
+ *   index          index_size / 40 slots of 40 bytes: a 32-byte key and the
+ *                  big-endian u64 absolute byte offset of the object's size
+ *                  field; an empty or deleted slot is 32 zero bytes + 2^64-1
+ *   hash           the CHD_PH perfect hash function as written by cmph_dump()
+ *                  (cmph 2.0.2, jenkins hash, load factor 0.99, b = 4)
+ *
+ * Every function returns SFS_OK (0) on success or a negative sfs_status; when
+ * an sfs_error_t pointer is given it receives a one-line message that names
+ * the file and the problem (and the header field, for a corrupt header).
+ *
+ * Thread safety: a reader (sfs_shard_t) is immutable after sfs_open(); any
+ * number of threads may call the lookup and read functions on it at once.
+ * They take no lock and never use a file position (the extent is mmap'ed).
+ * A writer (sfs_writer_t) belongs to one thread at a time.
+ */
+#ifndef SHARDFS_SHARD_H
+#define SHARDFS_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SFS_MAGIC "SWHShard"
+#define SFS_MAGIC_SIZE 32           /* bytes, magic + NUL padding */
+#define SFS_HEADER_END 88           /* bytes: magic + 7 x u64 */
+#define SFS_OBJECTS_POSITION 512    /* where our writer puts the first object */
+#define SFS_VERSION 1
+#define SFS_KEY_SIZE 32             /* bytes: a SHA-256 digest */
+#define SFS_SLOT_SIZE 40            /* bytes: key + u64 offset */
+#define SFS_EMPTY_OFFSET UINT64_MAX /* offset of an empty or deleted slot */
+
+typedef enum sfs_status {
+    SFS_OK = 0,
+    SFS_ENOTFOUND = -1,  /* key absent, slot empty or deleted */
+    SFS_ECORRUPT = -2,   /* the file's bytes contradict the format */
+    SFS_EIO = -3,        /* a system call failed; errno is in sfs_error_t */
+    SFS_EINVAL = -4,     /* bad argument (e.g. range outside an object) */
+    SFS_EDUPLICATE = -5, /* writer: the key was added already */
+    SFS_ENOMEM = -6,     /* allocation failed */
+    SFS_ELIMIT = -7,     /* more keys than cmph can hash (2^32 - 2) */
+    SFS_EHASH = -8,      /* cmph could not build the perfect hash */
+} sfs_status;
+
+typedef struct sfs_error {
+    int status;      /* an sfs_status */
+    int sys_errno;   /* errno for SFS_EIO, else 0 */
+    char message[512];
+} sfs_error_t;
+
+/* The seven header fields, in host byte order (stored big-endian). */
+typedef struct sfs_header {
+    uint64_t version;
+    uint64_t objects_count;    /* objects written; deletes do not change it */
+    uint64_t objects_position; /* byte offset of the first object */
+    uint64_t objects_size;     /* bytes of the objects section */
+    uint64_t index_position;   /* byte offset of slot 0 */
+    uint64_t index_size;       /* bytes: number of slots * 40 */
+    uint64_t hash_position;    /* byte offset of the cmph dump */
+} sfs_header_t;
+
+/* ---------------------------------------------------------------- reader */
+
+typedef struct sfs_shard sfs_shard_t;
+
+/* Open and validate the shard at `path` (a regular file or a block device).
+ * Validation, before anything is used: magic, version, every position and
+ * size inside the file and in order, index_size a multiple of 40, objects_count
+ * <= slots, and the whole CHD_PH dump (lengths, internal sizes, select table)
+ * inside the hash section. The extent [0, end of hash) comes from the header;
+ * the file or device may be larger. `writable` opens O_RDWR (for delete).
+ * Returns SFS_OK and sets *out, or SFS_ECORRUPT / SFS_EIO / SFS_ENOMEM. */
+int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err);
+
+/* Unmap and close. NULL is accepted. */
+void sfs_close(sfs_shard_t *shard);
+
+const sfs_header_t *sfs_header(const sfs_shard_t *shard);
+const char *sfs_path(const sfs_shard_t *shard);
+uint64_t sfs_slot_count(const sfs_shard_t *shard); /* index_size / 40 */
+uint64_t sfs_extent(const sfs_shard_t *shard);     /* bytes: end of the hash section */
+uint64_t sfs_hash_size(const sfs_shard_t *shard);  /* bytes of the cmph dump */
+
+/* The slot a key hashes to, in [0, slot_count). Never fails on a validated
+ * shard; any 32 bytes map to some slot. */
+uint32_t sfs_slot_of(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE]);
+
+/* Raw slot `slot`: copies its key to key_out (may be NULL) and returns the
+ * stored object offset (SFS_EMPTY_OFFSET for an empty or deleted slot). */
+uint64_t sfs_slot_get(const sfs_shard_t *shard, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE]);
+
+/* Find `key`. On SFS_OK, *data_offset is the absolute byte offset of the
+ * object's first byte (just after its size field) and *size its length in
+ * bytes; both checked to lie inside the objects section. Returns SFS_ENOTFOUND
+ * for an absent key, an empty or a deleted slot, SFS_ECORRUPT when the slot
+ * or the size field point outside the objects section. */
+int sfs_lookup(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE],
+               uint64_t *data_offset, uint64_t *size);
+
+/* Resolve a raw slot as sfs_lookup does, without the hash (for iteration
+ * and checks). SFS_ENOTFOUND for an empty slot, SFS_ECORRUPT when out of
+ * bounds. */
+int sfs_slot_object(const sfs_shard_t *shard, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE],
+                    uint64_t *data_offset, uint64_t *size);
+
+/* Copy `length` bytes at absolute byte `offset` of the shard into dst.
+ * The range must lie inside the objects section, else SFS_EINVAL. */
+int sfs_read(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t length);
+
+/* Pointer to the mapped bytes at `offset` (inside the objects section, with
+ * `length` bytes available), or NULL. Valid until sfs_close(). */
+const uint8_t *sfs_data(const sfs_shard_t *shard, uint64_t offset, uint64_t length);
+
+/* Number of live (non-empty) slots; scans the index once, then cached. */
+uint64_t sfs_live_count(sfs_shard_t *shard);
+
+/* Structure check: every live slot's key hashes to its own slot, its offset
+ * and size lie inside the objects section, and live count <= objects_count.
+ * Calls report(ctx, message) for each problem (at most `max_reports` times)
+ * and returns the number of problems found (0 = clean). */
+uint64_t sfs_check(sfs_shard_t *shard, void (*report)(void *ctx, const char *message),
+                   void *ctx, uint64_t max_reports);
+
+/* Takedown, as the reference does it: for a found key, zero the object's
+ * size field and bytes in place, then write the empty-slot marker into its
+ * slot, then fdatasync. The shard must be opened writable. SFS_ENOTFOUND when
+ * the key is absent. */
+int sfs_delete(sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE], sfs_error_t *err);
+
+/* ---------------------------------------------------------------- writer */
+
+typedef struct sfs_writer sfs_writer_t;
+
+/* Start a shard to be published at `path`. Objects are written to a
+ * temporary file `<path>.tmp-XXXXXX` in the same directory; nothing appears at
+ * `path` until sfs_writer_finish() succeeds (then by rename). When `path` is a
+ * block device, the device is written in place instead. */
+int sfs_writer_open(const char *path, sfs_writer_t **out, sfs_error_t *err);
+
+/* Append one object. SFS_EDUPLICATE (nothing written, the writer stays
+ * usable) when the key was added already. */
+int sfs_writer_add(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], const void *data,
+                   uint64_t size, sfs_error_t *err);
+
+/* Append one object of exactly `size` bytes read from file descriptor `fd`
+ * at its current position, streamed through a fixed buffer. If fewer bytes
+ * can be read (the file shrank), the object is rolled back and SFS_EIO
+ * returned; the writer stays usable. */
+int sfs_writer_add_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, uint64_t size,
+                      sfs_error_t *err);
+
+/* 1 if the key was added already, else 0. */
+int sfs_writer_contains(const sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE]);
+uint64_t sfs_writer_count(const sfs_writer_t *w);       /* objects added */
+uint64_t sfs_writer_bytes(const sfs_writer_t *w);       /* object bytes added */
+
+/* Build the perfect hash, write index, hash and header, fdatasync, rename
+ * into place and fsync the directory. Frees the writer whatever the result;
+ * on failure the temporary file is removed and `path` is untouched. */
+int sfs_writer_finish(sfs_writer_t *w, sfs_error_t *err);
+
+/* Discard: remove the temporary file and free the writer. NULL accepted. */
+void sfs_writer_abort(sfs_writer_t *w);
+
+/* Human-readable name of a status. */
+const char *sfs_strstatus(int status);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,528 @@
+/*
+ * writer.c — build a Read Shard in one streaming pass.
+ *
+ * Objects are appended to a temporary file as they come (no count needed up
+ * front). In memory we keep only, per key, its 32 bytes and its offset (40
+ * bytes, in fixed blocks so growth never copies) plus a 4-byte-per-entry open
+ * addressing table that rejects a duplicate key when it is added. At finish:
+ * cmph builds the CHD_PH function over the keys, the index and the dump are
+ * appended, the header is written at byte 0, the file is fdatasync'ed and
+ * renamed over the target, and the directory is fsync'ed.
+ */
+#define _GNU_SOURCE
+#include "chd.h"
+#include "internal.h"
+#include "shard.h"
+
+#include <cmph.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define BLOCK_BITS 16
+#define BLOCK_ENTRIES (1u << BLOCK_BITS)
+#define BUFFER_SIZE (1u << 20)
+#define MAX_KEYS (UINT32_MAX - 2) /* cmph counts keys in u32 */
+
+typedef struct entry {
+    uint8_t key[SFS_KEY_SIZE];
+    uint64_t offset; /* byte offset of the object's size field */
+} entry_t;
+
+struct sfs_writer {
+    char *path;      /* target */
+    char *tmp_path;  /* NULL when writing a block device in place */
+    int fd;
+    uint64_t flushed; /* bytes [0, flushed) are in the file */
+    uint8_t *buf;     /* bytes [flushed, flushed + buf_len) */
+    size_t buf_len;
+    entry_t **blocks;
+    uint64_t nblocks, count, bytes;
+    uint32_t *table;  /* entry index + 1; 0 = free */
+    uint64_t table_cap;
+    uint64_t cursor;  /* cmph key source position */
+};
+
+static inline entry_t *entry_at(const sfs_writer_t *w, uint64_t i)
+{
+    return &w->blocks[i >> BLOCK_BITS][i & (BLOCK_ENTRIES - 1)];
+}
+
+static inline uint64_t pos(const sfs_writer_t *w) { return w->flushed + w->buf_len; }
+
+static inline uint64_t key_hash(const uint8_t key[SFS_KEY_SIZE])
+{
+    /* Keys are usually SHA-256 digests, but callers may pass anything
+     * (e.g. counters): mix all 32 bytes. */
+    uint64_t h = 0x9e3779b97f4a7c15ull, w;
+    for (int i = 0; i < 4; i++) {
+        memcpy(&w, key + 8 * i, 8);
+        h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
+    }
+    return h;
+}
+
+/* Slot of key in the table: where it is, or the free slot it would take. */
+static uint64_t table_find(const sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE])
+{
+    uint64_t mask = w->table_cap - 1, i = key_hash(key) & mask;
+    while (w->table[i] && memcmp(entry_at(w, w->table[i] - 1)->key, key, SFS_KEY_SIZE) != 0)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static int table_grow(sfs_writer_t *w)
+{
+    uint64_t cap = w->table_cap ? w->table_cap * 2 : 1024;
+    uint32_t *old = w->table;
+    uint64_t old_cap = w->table_cap;
+    w->table = calloc(cap, sizeof(uint32_t));
+    if (!w->table) {
+        w->table = old;
+        return -1;
+    }
+    w->table_cap = cap;
+    for (uint64_t i = 0; i < old_cap; i++)
+        if (old[i])
+            w->table[table_find(w, entry_at(w, old[i] - 1)->key)] = old[i];
+    free(old);
+    return 0;
+}
+
+static int io_fail(sfs_writer_t *w, sfs_error_t *err, const char *what)
+{
+    int e = errno;
+    return sfs_fail(err, SFS_EIO, e, "%s: %s: %s", w->path, what, strerror(e));
+}
+
+static int write_all(int fd, const uint8_t *p, size_t len, uint64_t offset)
+{
+    while (len) {
+        ssize_t n = pwrite(fd, p, len, (off_t)offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0) {
+            errno = ENOSPC;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return 0;
+}
+
+static int flush(sfs_writer_t *w)
+{
+    if (w->buf_len && write_all(w->fd, w->buf, w->buf_len, w->flushed) < 0)
+        return -1;
+    w->flushed += w->buf_len;
+    w->buf_len = 0;
+    return 0;
+}
+
+static int append(sfs_writer_t *w, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    if (w->buf_len + len <= BUFFER_SIZE) {
+        memcpy(w->buf + w->buf_len, p, len);
+        w->buf_len += len;
+        return 0;
+    }
+    if (flush(w) < 0)
+        return -1;
+    if (len >= BUFFER_SIZE) {
+        if (write_all(w->fd, p, len, w->flushed) < 0)
+            return -1;
+        w->flushed += len;
+        return 0;
+    }
+    memcpy(w->buf, p, len);
+    w->buf_len = len;
+    return 0;
+}
+
+/* Forget every byte from `start` on (an object that failed half-way). */
+static void rollback(sfs_writer_t *w, uint64_t start)
+{
+    if (start >= w->flushed) {
+        w->buf_len = (size_t)(start - w->flushed);
+    } else {
+        w->buf_len = 0;
+        w->flushed = start;
+        if (w->tmp_path && ftruncate(w->fd, (off_t)start) < 0) {
+            /* The bytes past `start` are overwritten or cut at finish. */
+        }
+    }
+}
+
+int sfs_writer_open(const char *path, sfs_writer_t **out, sfs_error_t *err)
+{
+    *out = NULL;
+    sfs_writer_t *w = calloc(1, sizeof(*w));
+    if (!w)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
+    w->fd = -1;
+    w->path = strdup(path);
+    w->buf = malloc(BUFFER_SIZE);
+    if (!w->path || !w->buf || table_grow(w) < 0) {
+        sfs_writer_abort(w);
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
+    }
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISBLK(st.st_mode)) {
+        w->fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (w->fd < 0) {
+            int rc = sfs_fail(err, SFS_EIO, errno, "%s: %s", path, strerror(errno));
+            sfs_writer_abort(w);
+            return rc;
+        }
+    } else {
+        char *copy = strdup(path);
+        char *base_copy = strdup(path);
+        size_t n = strlen(path) + 32;
+        w->tmp_path = malloc(n);
+        if (!copy || !base_copy || !w->tmp_path) {
+            free(copy);
+            free(base_copy);
+            sfs_writer_abort(w);
+            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
+        }
+        snprintf(w->tmp_path, n, "%s/.%s.tmp-XXXXXX", dirname(copy), basename(base_copy));
+        free(copy);
+        free(base_copy);
+        w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
+        if (w->fd < 0) {
+            int rc = sfs_fail(err, SFS_EIO, errno, "%s: creating a temporary file in its "
+                              "directory: %s", path, strerror(errno));
+            free(w->tmp_path);
+            w->tmp_path = NULL;
+            sfs_writer_abort(w);
+            return rc;
+        }
+        mode_t mask = umask(0);
+        umask(mask);
+        if (fchmod(w->fd, 0666 & ~mask) < 0) {
+            /* keep mkstemp's 0600 */
+        }
+    }
+    w->flushed = SFS_OBJECTS_POSITION;
+    *out = w;
+    return SFS_OK;
+}
+
+int sfs_writer_contains(const sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE])
+{
+    return w->table[table_find(w, key)] != 0;
+}
+
+uint64_t sfs_writer_count(const sfs_writer_t *w) { return w->count; }
+uint64_t sfs_writer_bytes(const sfs_writer_t *w) { return w->bytes; }
+
+/* Reserve the entry for key: checks duplicates and limits. */
+static int begin_object(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], sfs_error_t *err)
+{
+    if (sfs_writer_contains(w, key)) {
+        char hk[65];
+        for (int i = 0; i < SFS_KEY_SIZE; i++)
+            snprintf(hk + 2 * i, 3, "%02x", key[i]);
+        return sfs_fail(err, SFS_EDUPLICATE, 0, "%s: duplicate key %s", w->path, hk);
+    }
+    if (w->count >= MAX_KEYS)
+        return sfs_fail(err, SFS_ELIMIT, 0, "%s: a shard holds at most %u objects", w->path,
+                        MAX_KEYS);
+    if ((w->count >> BLOCK_BITS) >= w->nblocks) {
+        entry_t **blocks = realloc(w->blocks, (w->nblocks + 1) * sizeof(*blocks));
+        if (!blocks)
+            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+        w->blocks = blocks;
+        if (!(w->blocks[w->nblocks] = malloc(BLOCK_ENTRIES * sizeof(entry_t))))
+            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+        w->nblocks++;
+    }
+    if ((w->count + 1) * 2 > w->table_cap && table_grow(w) < 0)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    return SFS_OK;
+}
+
+static void commit_object(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], uint64_t start,
+                          uint64_t size)
+{
+    entry_t *e = entry_at(w, w->count);
+    memcpy(e->key, key, SFS_KEY_SIZE);
+    e->offset = start;
+    w->count++;
+    w->table[table_find(w, key)] = (uint32_t)w->count;
+    w->bytes += size;
+}
+
+int sfs_writer_add(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], const void *data,
+                   uint64_t size, sfs_error_t *err)
+{
+    int rc = begin_object(w, key, err);
+    if (rc != SFS_OK)
+        return rc;
+    uint64_t start = pos(w);
+    uint8_t be[8];
+    uint64_t v = __builtin_bswap64(size);
+    memcpy(be, &v, 8);
+    if (append(w, be, 8) < 0 || append(w, data, (size_t)size) < 0) {
+        rc = io_fail(w, err, "writing an object");
+        rollback(w, start);
+        return rc;
+    }
+    commit_object(w, key, start, size);
+    return SFS_OK;
+}
+
+int sfs_writer_add_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, uint64_t size,
+                      sfs_error_t *err)
+{
+    int rc = begin_object(w, key, err);
+    if (rc != SFS_OK)
+        return rc;
+    uint64_t start = pos(w);
+    uint8_t be[8];
+    uint64_t v = __builtin_bswap64(size);
+    memcpy(be, &v, 8);
+    if (append(w, be, 8) < 0) {
+        rc = io_fail(w, err, "writing an object");
+        rollback(w, start);
+        return rc;
+    }
+    uint64_t left = size;
+    while (left) {
+        /* Read straight into the write buffer; flush when full. */
+        if (w->buf_len == BUFFER_SIZE && flush(w) < 0) {
+            rc = io_fail(w, err, "writing an object");
+            rollback(w, start);
+            return rc;
+        }
+        size_t room = BUFFER_SIZE - w->buf_len;
+        size_t want = left < room ? (size_t)left : room;
+        ssize_t n = read(fd, w->buf + w->buf_len, want);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            rc = sfs_fail(err, SFS_EIO, e, "%s: reading an object's source: %s", w->path,
+                          n < 0 ? strerror(e) : "the file is shorter than its size (changed "
+                                                "while being added?)");
+            rollback(w, start);
+            return rc;
+        }
+        w->buf_len += (size_t)n;
+        left -= (uint64_t)n;
+    }
+    commit_object(w, key, start, size);
+    return SFS_OK;
+}
+
+/* ------------------------------------------------------------ key source */
+
+static const uint8_t ZERO_KEY[SFS_KEY_SIZE];
+
+static int src_read(void *data, char **key, cmph_uint32 *keylen)
+{
+    sfs_writer_t *w = data;
+    /* An empty shard is hashed over the single all-zero key (the empty-slot
+     * key), so that its index has slots and every lookup lands on an empty
+     * one: cmph cannot build a function over no key at all. */
+    *key = w->count ? (char *)entry_at(w, w->cursor)->key : (char *)ZERO_KEY;
+    w->cursor++;
+    *keylen = SFS_KEY_SIZE;
+    return SFS_KEY_SIZE;
+}
+
+static void src_dispose(void *data, char *key, cmph_uint32 keylen) {}
+
+static void src_rewind(void *data) { ((sfs_writer_t *)data)->cursor = 0; }
+
+/* ---------------------------------------------------------------- finish */
+
+static int finish(sfs_writer_t *w, sfs_error_t *err)
+{
+    int rc;
+    if (flush(w) < 0)
+        return io_fail(w, err, "writing objects");
+    sfs_header_t h = {0};
+    h.version = SFS_VERSION;
+    h.objects_count = w->count;
+    h.objects_position = SFS_OBJECTS_POSITION;
+    h.objects_size = w->flushed - SFS_OBJECTS_POSITION;
+    h.index_position = w->flushed;
+
+    /* The duplicate table is not needed any more: free it before cmph runs. */
+    free(w->table);
+    w->table = NULL;
+    w->table_cap = 0;
+
+    cmph_io_adapter_t source = {
+        .data = w,
+        .nkeys = (cmph_uint32)(w->count ? w->count : 1),
+        .read = src_read,
+        .dispose = src_dispose,
+        .rewind = src_rewind,
+    };
+    cmph_config_t *config = cmph_config_new(&source);
+    if (!config)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    cmph_config_set_algo(config, CMPH_CHD_PH);
+    cmph_config_set_graphsize(config, 0.99);
+    cmph_config_set_keys_per_bin(config, 1);
+    cmph_config_set_b(config, 4);
+    cmph_t *mph = cmph_new(config);
+    cmph_config_destroy(config);
+    if (!mph)
+        return sfs_fail(err, SFS_EHASH, 0, "%s: cmph could not build the perfect hash over %llu "
+                        "keys", w->path, (unsigned long long)w->count);
+
+    char *dump = NULL;
+    size_t dump_len = 0;
+    FILE *mem = open_memstream(&dump, &dump_len);
+    if (!mem) {
+        cmph_destroy(mph);
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    }
+    cmph_dump(mph, mem);
+    fclose(mem);
+
+    /* Our evaluator must agree with cmph on every key: it is the one readers
+     * use. Check it here, where a disagreement costs a failed build and not
+     * an unreadable shard. */
+    sfs_chd_t chd;
+    char why[256];
+    uint64_t slots = cmph_size(mph);
+    uint32_t *slot_entry = NULL;
+    if (sfs_chd_parse(&chd, (const uint8_t *)dump, dump_len, why, sizeof(why)) < 0 ||
+        chd.n != slots) {
+        rc = sfs_fail(err, SFS_EHASH, 0, "%s: cmph wrote a function we cannot read: %s", w->path,
+                      why);
+        goto out;
+    }
+    slot_entry = malloc(slots * sizeof(uint32_t));
+    if (!slot_entry) {
+        rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+        goto out;
+    }
+    memset(slot_entry, 0xff, slots * sizeof(uint32_t));
+    for (uint64_t i = 0; i < w->count; i++) {
+        const uint8_t *key = entry_at(w, i)->key;
+        cmph_uint32 s = cmph_search(mph, (const char *)key, SFS_KEY_SIZE);
+        if (s >= slots || slot_entry[s] != UINT32_MAX || sfs_chd_search(&chd, key, SFS_KEY_SIZE) != s) {
+            rc = sfs_fail(err, SFS_EHASH, 0, "%s: perfect hash inconsistent at key %llu", w->path,
+                          (unsigned long long)i);
+            goto out;
+        }
+        slot_entry[s] = (uint32_t)i;
+    }
+    h.index_size = slots * SFS_SLOT_SIZE;
+    for (uint64_t s = 0; s < slots; s++) {
+        uint8_t slot[SFS_SLOT_SIZE] = {0};
+        uint64_t off = SFS_EMPTY_OFFSET;
+        if (slot_entry[s] != UINT32_MAX) {
+            const entry_t *e = entry_at(w, slot_entry[s]);
+            memcpy(slot, e->key, SFS_KEY_SIZE);
+            off = e->offset;
+        }
+        off = __builtin_bswap64(off);
+        memcpy(slot + SFS_KEY_SIZE, &off, 8);
+        if (append(w, slot, sizeof(slot)) < 0) {
+            rc = io_fail(w, err, "writing the index");
+            goto out;
+        }
+    }
+    h.hash_position = pos(w);
+    if (append(w, dump, dump_len) < 0 || flush(w) < 0) {
+        rc = io_fail(w, err, "writing the hash");
+        goto out;
+    }
+    /* Header block last: until it is written the file has no magic. */
+    uint8_t head[SFS_OBJECTS_POSITION] = {0};
+    memcpy(head, SFS_MAGIC, sizeof(SFS_MAGIC) - 1);
+    uint64_t fields[7] = {h.version, h.objects_count, h.objects_position, h.objects_size,
+                          h.index_position, h.index_size, h.hash_position};
+    for (int i = 0; i < 7; i++) {
+        uint64_t v = __builtin_bswap64(fields[i]);
+        memcpy(head + SFS_MAGIC_SIZE + 8 * i, &v, 8);
+    }
+    if (write_all(w->fd, head, sizeof(head), 0) < 0) {
+        rc = io_fail(w, err, "writing the header");
+        goto out;
+    }
+    if (w->tmp_path && ftruncate(w->fd, (off_t)w->flushed) < 0) {
+        rc = io_fail(w, err, "truncating");
+        goto out;
+    }
+    if (fdatasync(w->fd) < 0 && errno != EINVAL && errno != EROFS) {
+        rc = io_fail(w, err, "fdatasync");
+        goto out;
+    }
+    rc = SFS_OK;
+out:
+    free(slot_entry);
+    free(dump);
+    cmph_destroy(mph);
+    return rc;
+}
+
+static void free_writer(sfs_writer_t *w)
+{
+    for (uint64_t i = 0; i < w->nblocks; i++)
+        free(w->blocks[i]);
+    free(w->blocks);
+    free(w->table);
+    free(w->buf);
+    free(w->tmp_path);
+    free(w->path);
+    free(w);
+}
+
+int sfs_writer_finish(sfs_writer_t *w, sfs_error_t *err)
+{
+    int rc = finish(w, err);
+    if (rc == SFS_OK && w->tmp_path) {
+        if (rename(w->tmp_path, w->path) < 0) {
+            rc = io_fail(w, err, "renaming into place");
+        } else {
+            char *copy = strdup(w->path);
+            if (copy) {
+                int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (dfd >= 0) {
+                    fsync(dfd);
+                    close(dfd);
+                }
+                free(copy);
+            }
+            free(w->tmp_path);
+            w->tmp_path = NULL;
+        }
+    }
+    if (close(w->fd) < 0 && rc == SFS_OK)
+        rc = io_fail(w, err, "close");
+    w->fd = -1;
+    if (rc != SFS_OK && w->tmp_path)
+        unlink(w->tmp_path);
+    free_writer(w);
+    return rc;
+}
+
+void sfs_writer_abort(sfs_writer_t *w)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0)
+        close(w->fd);
+    if (w->tmp_path)
+        unlink(w->tmp_path);
+    free_writer(w);
+}

@@ -25,7 +25,7 @@ apt:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) shardfs/c/module.c shardfs/c/shard.h shardfs/c/chd.h
+$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) shardfs/c/module.c shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/*.py
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
@@ -35,8 +35,8 @@ venv: apt $(VENV)/.stamp
 
 deps: venv
 
-tests/c/test_shard: tests/c/test_shard.c $(C_SOURCES) shardfs/c/shard.h shardfs/c/chd.h
-	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_shard.c $(C_SOURCES) $(LIBS_C)
+tests/c/test_shard: tests/c/test_shard.c $(C_SOURCES) shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_shard.c $(C_SOURCES) $(LIBS_C) -lpthread
 
 test-c: apt tests/c/test_shard
 	./tests/c/test_shard

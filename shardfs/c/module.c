@@ -1,0 +1,614 @@
+/*
+ * module.c — the shardfs._shardfs extension: thin Python types over shard.h.
+ *
+ * Reader(path, writable=False) and Writer(path). Keys are exactly 32 bytes
+ * here (shardfs/shard.py normalizes hex). The GIL is released around every
+ * lookup, copy, scan, write and the perfect-hash build. Errors raise the
+ * exception classes of shardfs.errors (looked up at import), OSError (with
+ * errno) or MemoryError.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "shard.h"
+
+static PyObject *ShardError, *CorruptShardError, *DuplicateKeyError;
+
+static PyObject *raise_error(const sfs_error_t *err)
+{
+    switch (err->status) {
+    case SFS_EIO: {
+        /* OSError(errno, message) picks the subclass (FileNotFoundError...) */
+        PyObject *args = Py_BuildValue("(is)", err->sys_errno, err->message);
+        if (args) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
+        return NULL;
+    }
+    case SFS_ECORRUPT:
+        PyErr_SetString(CorruptShardError, err->message);
+        return NULL;
+    case SFS_EDUPLICATE:
+        PyErr_SetString(DuplicateKeyError, err->message);
+        return NULL;
+    case SFS_ENOMEM:
+        return PyErr_NoMemory();
+    default:
+        PyErr_SetString(ShardError, err->message);
+        return NULL;
+    }
+}
+
+static int get_key(PyObject *obj, uint8_t key[SFS_KEY_SIZE])
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (view.len != SFS_KEY_SIZE) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "a key is %d bytes, got %zd", SFS_KEY_SIZE, view.len);
+        return -1;
+    }
+    memcpy(key, view.buf, SFS_KEY_SIZE);
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- Reader */
+
+typedef struct {
+    PyObject_HEAD
+    sfs_shard_t *shard;
+} Reader;
+
+static int reader_ready(Reader *self)
+{
+    if (!self->shard) {
+        PyErr_SetString(PyExc_ValueError, "I/O operation on a closed shard");
+        return 0;
+    }
+    return 1;
+}
+
+static int Reader_init(Reader *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"path", "writable", NULL};
+    PyObject *path_obj;
+    int writable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|p", kwlist, PyUnicode_FSConverter, &path_obj,
+                                     &writable))
+        return -1;
+    sfs_error_t err;
+    int rc;
+    sfs_shard_t *shard = NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_open(path, writable, &shard, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (rc != SFS_OK) {
+        raise_error(&err);
+        return -1;
+    }
+    sfs_close(self->shard);
+    self->shard = shard;
+    return 0;
+}
+
+static void Reader_dealloc(Reader *self)
+{
+    sfs_close(self->shard);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Reader_close(Reader *self, PyObject *unused)
+{
+    sfs_close(self->shard);
+    self->shard = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_header(Reader *self, void *closure)
+{
+    if (!reader_ready(self))
+        return NULL;
+    const sfs_header_t *h = sfs_header(self->shard);
+    return Py_BuildValue("(KKKKKKK)", (unsigned long long)h->version,
+                         (unsigned long long)h->objects_count,
+                         (unsigned long long)h->objects_position,
+                         (unsigned long long)h->objects_size,
+                         (unsigned long long)h->index_position,
+                         (unsigned long long)h->index_size,
+                         (unsigned long long)h->hash_position);
+}
+
+static PyObject *Reader_slot_count(Reader *self, void *closure)
+{
+    if (!reader_ready(self))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(sfs_slot_count(self->shard));
+}
+
+static PyObject *Reader_extent(Reader *self, void *closure)
+{
+    if (!reader_ready(self))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(sfs_extent(self->shard));
+}
+
+static PyObject *Reader_hash_size(Reader *self, void *closure)
+{
+    if (!reader_ready(self))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(sfs_hash_size(self->shard));
+}
+
+static PyObject *Reader_closed(Reader *self, void *closure)
+{
+    return PyBool_FromLong(self->shard == NULL);
+}
+
+static PyObject *corrupt_slot(Reader *self, const uint8_t *key)
+{
+    PyErr_Format(CorruptShardError,
+                 "%s: the slot of a key points outside the objects section (run shardfs check)",
+                 sfs_path(self->shard));
+    return NULL;
+}
+
+/* locate(key) -> (data_offset, size) or None */
+static PyObject *Reader_locate(Reader *self, PyObject *arg)
+{
+    uint8_t key[SFS_KEY_SIZE];
+    if (!reader_ready(self) || get_key(arg, key) < 0)
+        return NULL;
+    uint64_t off = 0, size = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_lookup(self->shard, key, &off, &size);
+    Py_END_ALLOW_THREADS
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc != SFS_OK)
+        return corrupt_slot(self, key);
+    return Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)size);
+}
+
+static PyObject *copy_out(Reader *self, uint64_t off, uint64_t size)
+{
+    if (size > (uint64_t)PY_SSIZE_T_MAX)
+        return PyErr_NoMemory();
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (!out)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_read(self->shard, off, PyBytes_AS_STRING(out), (size_t)size);
+    Py_END_ALLOW_THREADS
+    if (rc != SFS_OK) {
+        Py_DECREF(out);
+        PyErr_Format(ShardError, "%s: read outside the objects section", sfs_path(self->shard));
+        return NULL;
+    }
+    return out;
+}
+
+/* read(key) -> bytes or None */
+static PyObject *Reader_read(Reader *self, PyObject *arg)
+{
+    uint8_t key[SFS_KEY_SIZE];
+    if (!reader_ready(self) || get_key(arg, key) < 0)
+        return NULL;
+    uint64_t off = 0, size = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_lookup(self->shard, key, &off, &size);
+    Py_END_ALLOW_THREADS
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc != SFS_OK)
+        return corrupt_slot(self, key);
+    return copy_out(self, off, size);
+}
+
+/* pread(data_offset, size, offset, length) -> bytes, clipped to the object */
+static PyObject *Reader_pread(Reader *self, PyObject *args)
+{
+    unsigned long long data_offset, size, offset, length;
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KKKK", &data_offset, &size, &offset, &length))
+        return NULL;
+    if (offset >= size)
+        return PyBytes_FromStringAndSize(NULL, 0);
+    if (length > size - offset)
+        length = size - offset;
+    return copy_out(self, data_offset + offset, length);
+}
+
+static PyObject *Reader_slot_of(Reader *self, PyObject *arg)
+{
+    uint8_t key[SFS_KEY_SIZE];
+    if (!reader_ready(self) || get_key(arg, key) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLong(sfs_slot_of(self->shard, key));
+}
+
+/* slot(i) -> (key, data_offset, size) for a live slot, None if empty */
+static PyObject *Reader_slot(Reader *self, PyObject *arg)
+{
+    if (!reader_ready(self))
+        return NULL;
+    unsigned long long slot = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    if (slot >= sfs_slot_count(self->shard)) {
+        PyErr_SetString(PyExc_IndexError, "slot out of range");
+        return NULL;
+    }
+    uint8_t key[SFS_KEY_SIZE];
+    uint64_t off = 0, size = 0;
+    int rc = sfs_slot_object(self->shard, slot, key, &off, &size);
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc != SFS_OK) {
+        PyErr_Format(CorruptShardError, "%s: slot %llu points outside the objects section",
+                     sfs_path(self->shard), slot);
+        return NULL;
+    }
+    return Py_BuildValue("(y#KK)", key, (Py_ssize_t)SFS_KEY_SIZE, (unsigned long long)off,
+                         (unsigned long long)size);
+}
+
+/* scan(start_slot, max_items) -> (list of (slot, key, data_offset, size), next_slot)
+ * Live slots only, in slot order; next_slot == slot_count at the end. */
+static PyObject *Reader_scan(Reader *self, PyObject *args)
+{
+    unsigned long long start, max_items;
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KK", &start, &max_items))
+        return NULL;
+    uint64_t slots = sfs_slot_count(self->shard);
+    PyObject *list = PyList_New(0);
+    if (!list)
+        return NULL;
+    uint64_t i = start;
+    for (; i < slots && (uint64_t)PyList_GET_SIZE(list) < max_items; i++) {
+        uint8_t key[SFS_KEY_SIZE];
+        uint64_t off = 0, size = 0;
+        int rc = sfs_slot_object(self->shard, i, key, &off, &size);
+        if (rc == SFS_ENOTFOUND)
+            continue;
+        if (rc != SFS_OK) {
+            Py_DECREF(list);
+            PyErr_Format(CorruptShardError, "%s: slot %llu points outside the objects section",
+                         sfs_path(self->shard), (unsigned long long)i);
+            return NULL;
+        }
+        PyObject *item = Py_BuildValue("(Ky#KK)", (unsigned long long)i, key,
+                                       (Py_ssize_t)SFS_KEY_SIZE, (unsigned long long)off,
+                                       (unsigned long long)size);
+        if (!item || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    PyObject *res = Py_BuildValue("(OK)", list, (unsigned long long)i);
+    Py_DECREF(list);
+    return res;
+}
+
+static PyObject *Reader_live_count(Reader *self, PyObject *unused)
+{
+    if (!reader_ready(self))
+        return NULL;
+    uint64_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = sfs_live_count(self->shard);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+typedef struct {
+    char **messages;
+    size_t count, cap;
+} report_buf;
+
+static void collect(void *ctx, const char *message)
+{
+    report_buf *r = ctx;
+    if (r->count == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 16;
+        char **m = realloc(r->messages, cap * sizeof(char *));
+        if (!m)
+            return;
+        r->messages = m;
+        r->cap = cap;
+    }
+    char *copy = strdup(message);
+    if (copy)
+        r->messages[r->count++] = copy;
+}
+
+/* check(max_reports=1000) -> (problem count, list of messages) */
+static PyObject *Reader_check(Reader *self, PyObject *args)
+{
+    unsigned long long max_reports = 1000;
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "|K", &max_reports))
+        return NULL;
+    report_buf r = {0};
+    uint64_t problems;
+    Py_BEGIN_ALLOW_THREADS
+    problems = sfs_check(self->shard, collect, &r, max_reports);
+    Py_END_ALLOW_THREADS
+    PyObject *list = PyList_New(0);
+    for (size_t i = 0; i < r.count; i++) {
+        if (list) {
+            PyObject *s = PyUnicode_DecodeUTF8(r.messages[i], strlen(r.messages[i]), "replace");
+            if (!s || PyList_Append(list, s) < 0)
+                Py_CLEAR(list);
+            Py_XDECREF(s);
+        }
+        free(r.messages[i]);
+    }
+    free(r.messages);
+    if (!list)
+        return NULL;
+    PyObject *res = Py_BuildValue("(KO)", (unsigned long long)problems, list);
+    Py_DECREF(list);
+    return res;
+}
+
+/* delete(key) -> True if deleted, False if absent */
+static PyObject *Reader_delete(Reader *self, PyObject *arg)
+{
+    uint8_t key[SFS_KEY_SIZE];
+    if (!reader_ready(self) || get_key(arg, key) < 0)
+        return NULL;
+    sfs_error_t err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_delete(self->shard, key, &err);
+    Py_END_ALLOW_THREADS
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_FALSE;
+    if (rc != SFS_OK)
+        return raise_error(&err);
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"close", (PyCFunction)Reader_close, METH_NOARGS, "Unmap and close the shard."},
+    {"locate", (PyCFunction)Reader_locate, METH_O,
+     "locate(key32) -> (data_offset, size) in bytes, or None when absent."},
+    {"read", (PyCFunction)Reader_read, METH_O, "read(key32) -> bytes, or None when absent."},
+    {"pread", (PyCFunction)Reader_pread, METH_VARARGS,
+     "pread(data_offset, size, offset, length) -> bytes of an object, clipped to its end."},
+    {"slot_of", (PyCFunction)Reader_slot_of, METH_O, "slot_of(key32) -> slot the key hashes to."},
+    {"slot", (PyCFunction)Reader_slot, METH_O,
+     "slot(i) -> (key32, data_offset, size) for a live slot, None for an empty one."},
+    {"scan", (PyCFunction)Reader_scan, METH_VARARGS,
+     "scan(start_slot, max_items) -> ([(slot, key32, data_offset, size)...], next_slot)."},
+    {"live_count", (PyCFunction)Reader_live_count, METH_NOARGS, "Number of live objects."},
+    {"check", (PyCFunction)Reader_check, METH_VARARGS,
+     "check(max_reports=1000) -> (problem_count, [message...]): structure check."},
+    {"delete", (PyCFunction)Reader_delete, METH_O,
+     "delete(key32) -> True if deleted, False if absent (needs writable=True)."},
+    {NULL},
+};
+
+static PyGetSetDef Reader_getset[] = {
+    {"header", (getter)Reader_header, NULL, "The seven header fields, as a tuple of ints.", NULL},
+    {"slot_count", (getter)Reader_slot_count, NULL, "Slots in the index.", NULL},
+    {"extent", (getter)Reader_extent, NULL, "Bytes used by the shard (end of the hash).", NULL},
+    {"hash_size", (getter)Reader_hash_size, NULL, "Bytes of the perfect hash section.", NULL},
+    {"closed", (getter)Reader_closed, NULL, "True after close().", NULL},
+    {NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs._shardfs.Reader",
+    .tp_basicsize = sizeof(Reader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reader(path, writable=False): a validated, memory-mapped Read Shard.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Reader_init,
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_methods = Reader_methods,
+    .tp_getset = Reader_getset,
+};
+
+/* ---------------------------------------------------------------- Writer */
+
+typedef struct {
+    PyObject_HEAD
+    sfs_writer_t *w;
+} Writer;
+
+static int writer_ready(Writer *self)
+{
+    if (!self->w) {
+        PyErr_SetString(PyExc_ValueError, "the shard writer is closed");
+        return 0;
+    }
+    return 1;
+}
+
+static int Writer_init(Writer *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"path", NULL};
+    PyObject *path_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&", kwlist, PyUnicode_FSConverter, &path_obj))
+        return -1;
+    sfs_error_t err;
+    sfs_writer_t *w = NULL;
+    int rc = sfs_writer_open(PyBytes_AS_STRING(path_obj), &w, &err);
+    Py_DECREF(path_obj);
+    if (rc != SFS_OK) {
+        raise_error(&err);
+        return -1;
+    }
+    sfs_writer_abort(self->w);
+    self->w = w;
+    return 0;
+}
+
+static void Writer_dealloc(Writer *self)
+{
+    sfs_writer_abort(self->w);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Writer_add(Writer *self, PyObject *args)
+{
+    PyObject *key_obj;
+    Py_buffer data;
+    uint8_t key[SFS_KEY_SIZE];
+    if (!writer_ready(self) || !PyArg_ParseTuple(args, "Oy*", &key_obj, &data))
+        return NULL;
+    if (get_key(key_obj, key) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    sfs_error_t err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_writer_add(self->w, key, data.buf, (uint64_t)data.len, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (rc != SFS_OK)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_add_fd(Writer *self, PyObject *args)
+{
+    PyObject *key_obj;
+    int fd;
+    unsigned long long size;
+    uint8_t key[SFS_KEY_SIZE];
+    if (!writer_ready(self) || !PyArg_ParseTuple(args, "OiK", &key_obj, &fd, &size))
+        return NULL;
+    if (get_key(key_obj, key) < 0)
+        return NULL;
+    sfs_error_t err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_writer_add_fd(self->w, key, fd, size, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != SFS_OK)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_contains(Writer *self, PyObject *arg)
+{
+    uint8_t key[SFS_KEY_SIZE];
+    if (!writer_ready(self) || get_key(arg, key) < 0)
+        return NULL;
+    return PyBool_FromLong(sfs_writer_contains(self->w, key));
+}
+
+static PyObject *Writer_finish(Writer *self, PyObject *unused)
+{
+    if (!writer_ready(self))
+        return NULL;
+    sfs_writer_t *w = self->w;
+    self->w = NULL;
+    sfs_error_t err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_writer_finish(w, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != SFS_OK)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_abort(Writer *self, PyObject *unused)
+{
+    sfs_writer_abort(self->w);
+    self->w = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_count(Writer *self, void *closure)
+{
+    if (!writer_ready(self))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(sfs_writer_count(self->w));
+}
+
+static PyObject *Writer_bytes(Writer *self, void *closure)
+{
+    if (!writer_ready(self))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(sfs_writer_bytes(self->w));
+}
+
+static PyObject *Writer_closed(Writer *self, void *closure)
+{
+    return PyBool_FromLong(self->w == NULL);
+}
+
+static PyMethodDef Writer_methods[] = {
+    {"add", (PyCFunction)Writer_add, METH_VARARGS, "add(key32, data): append one object."},
+    {"add_fd", (PyCFunction)Writer_add_fd, METH_VARARGS,
+     "add_fd(key32, fd, size): append `size` bytes read from fd."},
+    {"contains", (PyCFunction)Writer_contains, METH_O, "contains(key32) -> bool."},
+    {"finish", (PyCFunction)Writer_finish, METH_NOARGS,
+     "Build the perfect hash, write index and header, fsync, rename into place."},
+    {"abort", (PyCFunction)Writer_abort, METH_NOARGS, "Discard the shard being written."},
+    {NULL},
+};
+
+static PyGetSetDef Writer_getset[] = {
+    {"count", (getter)Writer_count, NULL, "Objects added.", NULL},
+    {"bytes", (getter)Writer_bytes, NULL, "Object bytes added.", NULL},
+    {"closed", (getter)Writer_closed, NULL, "True after finish() or abort().", NULL},
+    {NULL},
+};
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs._shardfs.Writer",
+    .tp_basicsize = sizeof(Writer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Writer(path): stream objects into a new Read Shard.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Writer_init,
+    .tp_dealloc = (destructor)Writer_dealloc,
+    .tp_methods = Writer_methods,
+    .tp_getset = Writer_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_shardfs", "C core of shardfs (Read Shard format).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__shardfs(void)
+{
+    PyObject *errors = PyImport_ImportModule("shardfs.errors");
+    if (!errors)
+        return NULL;
+    ShardError = PyObject_GetAttrString(errors, "ShardError");
+    CorruptShardError = PyObject_GetAttrString(errors, "CorruptShardError");
+    DuplicateKeyError = PyObject_GetAttrString(errors, "DuplicateKeyError");
+    Py_DECREF(errors);
+    if (!ShardError || !CorruptShardError || !DuplicateKeyError)
+        return NULL;
+    if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&WriterType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&ReaderType);
+    Py_INCREF(&WriterType);
+    if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
+        PyModule_AddObject(m, "Writer", (PyObject *)&WriterType) < 0 ||
+        PyModule_AddIntConstant(m, "KEY_SIZE", SFS_KEY_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "SLOT_SIZE", SFS_SLOT_SIZE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,24 @@
+"""Exceptions raised by shardfs.
+
+Every message names the file and the problem, on one line, so that the
+command line can print it as is.
+"""
+
+
+class ShardError(Exception):
+    """Base class of shardfs errors (also raised for a perfect hash that
+    cannot be built, a read outside an object, a mount that cannot start)."""
+
+
+class CorruptShardError(ShardError):
+    """The file's bytes contradict the Read Shard format: bad magic, a header
+    field out of range, a truncated section, a slot or object size pointing
+    outside the objects section. The message names the field or slot."""
+
+
+class DuplicateKeyError(ShardError, KeyError):
+    """ShardWriter.add() of a key that was added already. Nothing was
+    written; the writer stays usable."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,296 @@
+"""Read and write Software Heritage Read Shards (format v1) from Python.
+
+The work is done by the C extension ``shardfs._shardfs`` (see
+``shardfs/c/shard.h``), which releases the GIL during lookups, reads, scans
+and builds: a ``Shard`` can be shared by any number of threads.
+
+Keys are SHA-256 digests: 32 raw bytes, or 64 hexadecimal characters (str or
+bytes, either case). Anything else raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+from typing import Callable, Iterable, Iterator, Optional, Tuple, Union
+
+from . import _shardfs
+from .errors import CorruptShardError, DuplicateKeyError, ShardError
+
+KEY_SIZE = 32  #: bytes in a key (SHA-256)
+SLOT_SIZE = 40  #: bytes in an index slot: key + big-endian u64 offset
+
+Key = Union[bytes, bytearray, memoryview, str]
+
+#: The seven header fields (big-endian u64 at bytes 32..88 of the file),
+#: positions and sizes in bytes. Source: Software Heritage swh-shard format.
+Header = namedtuple(
+    "Header",
+    "version objects_count objects_position objects_size index_position index_size hash_position",
+)
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def normalize_key(key: Key) -> bytes:
+    """Return ``key`` as 32 raw bytes.
+
+    Accepts 32 bytes (bytes, bytearray, memoryview) or 64 hex characters (str
+    or bytes, any case). Raises ValueError for anything else.
+    """
+    if isinstance(key, str):
+        if len(key) == 2 * KEY_SIZE and key.isascii() and _HEX.issuperset(key.encode()):
+            return bytes.fromhex(key)
+        raise ValueError(f"invalid key {key!r}: expected 64 hexadecimal characters")
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        raw = bytes(key)
+        if len(raw) == KEY_SIZE:
+            return raw
+        if len(raw) == 2 * KEY_SIZE and _HEX.issuperset(raw):
+            return bytes.fromhex(raw.decode())
+        raise ValueError(f"invalid key of {len(raw)} bytes: expected 32 bytes or 64 hex characters")
+    raise ValueError(f"invalid key of type {type(key).__name__}: expected bytes or str")
+
+
+class Shard:
+    """A Read Shard opened for reading (``writable=True`` also allows delete).
+
+    Opening validates the whole structure (magic, version, every header
+    field, the perfect hash) and raises CorruptShardError naming the field;
+    OSError (FileNotFoundError, PermissionError...) when the file cannot be
+    opened. The shard's extent comes from its header, so ``path`` may be a
+    block device larger than the shard.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], writable: bool = False):
+        self.path = os.fspath(path)
+        self._reader = _shardfs.Reader(self.path, writable)
+        self.mtime = os.stat(self.path).st_mtime  #: the file's mtime, seconds
+
+    # -- context manager --------------------------------------------------
+    def __enter__(self) -> "Shard":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Unmap and close the file. Further use raises ValueError."""
+        self._reader.close()
+
+    # -- structure ----------------------------------------------------------
+    @property
+    def header(self) -> Header:
+        """The seven header fields (see Header)."""
+        return Header(*self._reader.header)
+
+    @property
+    def slot_count(self) -> int:
+        """Slots in the index: index_size / 40 (more than the objects)."""
+        return self._reader.slot_count
+
+    @property
+    def extent(self) -> int:
+        """Bytes of the shard, from byte 0 to the end of the hash section."""
+        return self._reader.extent
+
+    @property
+    def hash_size(self) -> int:
+        """Bytes of the perfect hash section."""
+        return self._reader.hash_size
+
+    def slot_of(self, key: Key) -> int:
+        """Slot (0 .. slot_count-1) the key hashes to; any key maps to one."""
+        return self._reader.slot_of(normalize_key(key))
+
+    # -- mapping interface --------------------------------------------------
+    def __len__(self) -> int:
+        """Live objects: slots that are neither empty nor deleted (counted
+        once, by a scan of the index)."""
+        return self._reader.live_count()
+
+    def __contains__(self, key: Key) -> bool:
+        return self._reader.locate(normalize_key(key)) is not None
+
+    def __getitem__(self, key: Key) -> bytes:
+        """The object's bytes. KeyError when absent or deleted."""
+        raw = normalize_key(key)
+        data = self._reader.read(raw)
+        if data is None:
+            raise KeyError(raw.hex())
+        return data
+
+    def get(self, key: Key, default=None):
+        """The object's bytes, or ``default`` when absent."""
+        data = self._reader.read(normalize_key(key))
+        return default if data is None else data
+
+    def size(self, key: Key) -> int:
+        """Size of the object in bytes. KeyError when absent."""
+        raw = normalize_key(key)
+        found = self._reader.locate(raw)
+        if found is None:
+            raise KeyError(raw.hex())
+        return found[1]
+
+    def locate(self, key: Key) -> Optional[Tuple[int, int]]:
+        """``(data_offset, size)``: absolute byte offset of the object's first
+        byte in the shard file and its size in bytes; None when absent."""
+        return self._reader.locate(normalize_key(key))
+
+    def pread(self, data_offset: int, size: int, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset + length)`` of the object that starts at
+        ``data_offset`` and has ``size`` bytes (as given by locate), clipped
+        at its end: b"" at or past the end. Releases the GIL."""
+        return self._reader.pread(data_offset, size, offset, length)
+
+    def slot(self, slot: int) -> Optional[Tuple[bytes, int, int]]:
+        """``(key, data_offset, size)`` of a live slot, None if empty.
+        IndexError outside 0..slot_count-1."""
+        return self._reader.slot(slot)
+
+    def scan(self, start_slot: int = 0, batch: int = 4096) -> Iterator[Tuple[int, bytes, int, int]]:
+        """Live objects from ``start_slot`` on, in slot order, as
+        ``(slot, key, data_offset, size)``. CorruptShardError at a slot that
+        points outside the objects section."""
+        slot_count = self.slot_count
+        while start_slot < slot_count:
+            items, start_slot = self._reader.scan(start_slot, batch)
+            yield from items
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Live keys, 32 bytes each, in slot order."""
+        for _slot, key, _offset, _size in self.scan():
+            yield key
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(self)
+
+    def items_sizes(self) -> Iterator[Tuple[bytes, int]]:
+        """``(key, size in bytes)`` for every live object, in slot order."""
+        for _slot, key, _offset, size in self.scan():
+            yield key, size
+
+    # -- checks and takedowns -------------------------------------------------
+    def check(self, hash: bool = False,
+              progress: Optional[Callable[[int, int], None]] = None,
+              max_reports: int = 1000) -> list:
+        """Problems found, one string each (empty list = clean).
+
+        Structure: every live slot's key hashes to its own slot, its offset
+        and size lie inside the objects section, and there are no more live
+        slots than header field objects_count. With ``hash=True``, also every
+        object's SHA-256 equals its key. ``progress(done, total)`` is called
+        with bytes hashed so far.
+        """
+        import hashlib
+
+        count, problems = self._reader.check(max_reports)
+        if count > len(problems):
+            problems.append(f"... and {count - len(problems)} more problems")
+        if hash and count == 0:
+            total = self.header.objects_size
+            done = 0
+            for _slot, key, offset, size in self.scan():
+                digest = hashlib.sha256(self._reader.pread(offset, size, 0, size)).digest()
+                if digest != key:
+                    problems.append(f"object {key.hex()}: SHA-256 of its {size} bytes is {digest.hex()}")
+                done += size + 8
+                if progress:
+                    progress(done, total)
+        return problems
+
+    def delete(self, key: Key) -> None:
+        """Take the object down in place: zero its size field and bytes, mark
+        its slot empty, fdatasync. Needs ``writable=True``. KeyError when absent."""
+        raw = normalize_key(key)
+        if not self._reader.delete(raw):
+            raise KeyError(raw.hex())
+
+    def __repr__(self) -> str:
+        return f"<shardfs.Shard {self.path!r}>"
+
+
+def delete(path: Union[str, os.PathLike], keys: Iterable[Key]) -> int:
+    """Delete ``keys`` from the shard at ``path``; returns how many.
+
+    Every key is checked first: if one is absent, KeyError names it and
+    nothing is deleted.
+    """
+    raws = [normalize_key(k) for k in keys]
+    with Shard(path, writable=True) as shard:
+        for raw in raws:
+            if raw not in shard:
+                raise KeyError(raw.hex())
+        for raw in dict.fromkeys(raws):
+            shard.delete(raw)
+    return len(set(raws))
+
+
+class ShardWriter:
+    """Write a new Read Shard at ``path``, streaming.
+
+    Objects are appended to a temporary file beside ``path`` as they come;
+    memory grows with the number of keys only (about 40 bytes per key, plus
+    the perfect hash build: see the README). On a clean exit from ``with``
+    (or ``close()``) the perfect hash is built, the index, hash and header
+    written, the file fsynced and renamed to ``path``. On an exception (or
+    ``abort()``) the temporary file is removed: nothing appears at ``path``.
+    OSError (e.g. ENOSPC) on write failures.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        self.path = os.fspath(path)
+        self._writer = _shardfs.Writer(self.path)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def add(self, key: Key, data) -> None:
+        """Append one object (any bytes-like ``data``). DuplicateKeyError if
+        the key was added already (nothing written; the writer stays usable)."""
+        self._writer.add(normalize_key(key), data)
+
+    def add_file(self, key: Key, path: Union[str, os.PathLike]) -> None:
+        """Append the content of the file at ``path``, streamed in 1 MiB
+        chunks (never read whole into memory). OSError if it cannot be read
+        or shrinks while read; DuplicateKeyError as for add()."""
+        raw = normalize_key(key)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self._writer.add_fd(raw, f.fileno(), size)
+
+    def __contains__(self, key: Key) -> bool:
+        return self._writer.contains(normalize_key(key))
+
+    def __len__(self) -> int:
+        """Objects added so far."""
+        return self._writer.count
+
+    @property
+    def bytes_added(self) -> int:
+        """Object bytes added so far (size fields not counted)."""
+        return self._writer.bytes
+
+    def close(self) -> None:
+        """Finalize: build the perfect hash, write, fsync, rename into place.
+        On failure the temporary file is removed and ShardError / OSError
+        raised. A second call does nothing."""
+        if not self._writer.closed:
+            self._writer.finish()
+
+    def abort(self) -> None:
+        """Discard everything written; nothing is left at ``path``."""
+        self._writer.abort()
+
+
+__all__ = [
+    "KEY_SIZE", "SLOT_SIZE", "Header", "Shard", "ShardWriter", "delete", "normalize_key",
+    "ShardError", "CorruptShardError", "DuplicateKeyError",
+]

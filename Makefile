@@ -25,7 +25,7 @@ apt:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) shardfs/c/module.c shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/*.py
+$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) shardfs/c/module.c shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'

@@ -1,0 +1,233 @@
+"""The Python API over real shards: round trips, keys, edge cases, threads."""
+
+import hashlib
+import os
+import random
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import shardfs
+from shardfs import CorruptShardError, DuplicateKeyError, Shard, ShardWriter
+
+
+def sha(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def build(path, objects):
+    with ShardWriter(path) as w:
+        for data in objects:
+            w.add(sha(data), data)
+    return {sha(d): d for d in objects}
+
+
+@pytest.fixture
+def objects():
+    rnd = random.Random(42)
+    return [rnd.randbytes(rnd.randint(0, 5000)) for _ in range(2000)] + [b""]
+
+
+def test_round_trip(tmp_path, objects):
+    path = tmp_path / "a.shard"
+    expected = build(path, objects)
+    with Shard(path) as s:
+        assert len(s) == len(expected)
+        assert set(s) == set(expected)
+        for key, data in expected.items():
+            assert key in s
+            assert s[key] == data
+            assert s.get(key) == data
+            assert s.size(key) == len(data)
+            assert s[key.hex()] == data
+            assert s[key.hex().upper()] == data
+            assert s[key.hex().encode()] == data
+        assert dict(s.items_sizes()) == {k: len(v) for k, v in expected.items()}
+        h = s.header
+        assert h.version == 1
+        assert h.objects_count == len(expected)
+        assert h.objects_position == 512
+        assert h.objects_size == sum(8 + len(d) for d in expected.values())
+        assert h.index_position == 512 + h.objects_size
+        assert h.index_size == 40 * s.slot_count
+        assert h.hash_position == h.index_position + h.index_size
+        assert s.extent == os.path.getsize(path)
+        assert s.check(hash=True) == []
+
+
+def test_absent_keys_in_occupied_slots(tmp_path, objects):
+    path = tmp_path / "a.shard"
+    expected = build(path, objects)
+    with Shard(path) as s:
+        occupied = {s.slot_of(k) for k in expected}
+        rnd = random.Random(7)
+        hits = 0
+        for _ in range(5000):
+            key = rnd.randbytes(32)
+            if s.slot_of(key) in occupied:
+                hits += 1
+                assert key not in s
+                assert s.get(key) is None
+                with pytest.raises(KeyError):
+                    s[key]
+                with pytest.raises(KeyError):
+                    s.size(key)
+        assert hits > 1000  # the load factor is 0.99: most slots are taken
+
+
+@pytest.mark.parametrize("key", ["", "ab", "z" * 64, "0" * 63, b"\x00" * 31, b"\x00" * 33, 42, None])
+def test_bad_keys_raise_value_error(tmp_path, key):
+    path = tmp_path / "a.shard"
+    build(path, [b"x"])
+    with Shard(path) as s:
+        with pytest.raises(ValueError):
+            s.get(key)
+    with ShardWriter(tmp_path / "b.shard") as w:
+        with pytest.raises(ValueError):
+            w.add(key, b"data")
+
+
+def test_empty_shard(tmp_path):
+    path = tmp_path / "empty.shard"
+    with ShardWriter(path):
+        pass
+    with Shard(path) as s:
+        assert len(s) == 0
+        assert list(s) == []
+        assert s.header.objects_count == 0
+        assert s.slot_count >= 1
+        assert s.get(b"\x00" * 32) is None
+        assert s.get(os.urandom(32)) is None
+        assert s.check(hash=True) == []
+
+
+def test_one_object_and_empty_object(tmp_path):
+    path = tmp_path / "one.shard"
+    build(path, [b""])
+    with Shard(path) as s:
+        assert len(s) == 1
+        assert s[sha(b"")] == b""
+        assert s.size(sha(b"")) == 0
+        data_offset, size = s.locate(sha(b""))
+        assert size == 0 and s.pread(data_offset, size, 0, 10) == b""
+
+
+def test_pread_clips_to_object(tmp_path):
+    data = bytes(range(256)) * 40
+    path = tmp_path / "p.shard"
+    build(path, [data, b"neighbour"])
+    with Shard(path) as s:
+        off, size = s.locate(sha(data))
+        assert size == len(data)
+        for start, length in [(0, 1), (1, 4095), (4095, 4097), (len(data) - 1, 100), (len(data), 5), (len(data) + 10, 5)]:
+            assert s.pread(off, size, start, length) == data[start:start + length]
+
+
+def test_duplicate_is_rejected_and_build_goes_on(tmp_path):
+    path = tmp_path / "dup.shard"
+    with ShardWriter(path) as w:
+        w.add(sha(b"a"), b"a")
+        with pytest.raises(DuplicateKeyError, match=sha(b"a").hex()):
+            w.add(sha(b"a"), b"other")
+        assert len(w) == 1
+        w.add(sha(b"b"), b"b")
+    with Shard(path) as s:
+        assert s[sha(b"a")] == b"a" and len(s) == 2
+
+
+def test_exception_discards_the_shard(tmp_path):
+    path = tmp_path / "x.shard"
+    path.write_bytes(b"previous content")
+    with pytest.raises(RuntimeError):
+        with ShardWriter(path) as w:
+            w.add(sha(b"a"), b"a")
+            raise RuntimeError("boom")
+    assert path.read_bytes() == b"previous content"
+    assert sorted(os.listdir(tmp_path)) == ["x.shard"]
+
+
+def test_add_file_streams(tmp_path):
+    src = tmp_path / "big"
+    rnd = random.Random(3)
+    with open(src, "wb") as f:
+        for _ in range(64):
+            f.write(rnd.randbytes(1 << 20))
+    key = hashlib.file_digest(open(src, "rb"), "sha256").digest() if hasattr(hashlib, "file_digest") else sha(src.read_bytes())
+    # Peak RSS of a child adding a 64 MiB file stays far below its size.
+    code = (
+        "import resource, shardfs, sys\n"
+        "w = shardfs.ShardWriter(sys.argv[1]); w.add_file(sys.argv[2], sys.argv[3]); w.close()\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "f.shard"), key.hex(), str(src)],
+                         check=True, capture_output=True, text=True).stdout
+    assert int(out) < 48 * 1024  # KiB: the file is 64 MiB
+    with Shard(tmp_path / "f.shard") as s:
+        assert s.size(key) == 64 << 20
+        assert s.check(hash=True) == []
+
+
+def test_add_file_missing_raises_and_writer_goes_on(tmp_path):
+    with ShardWriter(tmp_path / "m.shard") as w:
+        with pytest.raises(FileNotFoundError):
+            w.add_file(sha(b"x"), tmp_path / "missing")
+        w.add(sha(b"y"), b"y")
+    with Shard(tmp_path / "m.shard") as s:
+        assert list(s) == [sha(b"y")]
+
+
+def test_delete(tmp_path, objects):
+    path = tmp_path / "d.shard"
+    expected = build(path, objects)
+    victims = list(expected)[:10]
+    assert shardfs.delete(path, [v.hex() for v in victims]) == 10
+    with Shard(path) as s:
+        assert len(s) == len(expected) - 10
+        for v in victims:
+            assert v not in s
+            assert v not in set(s)
+        assert s.check(hash=True) == []
+    with pytest.raises(KeyError):
+        shardfs.delete(path, [list(expected)[20], victims[0]])
+    with Shard(path) as s:  # nothing deleted when one key is missing
+        assert list(expected)[20] in s
+
+
+def test_threads_share_one_shard(tmp_path, objects):
+    path = tmp_path / "t.shard"
+    expected = build(path, objects)
+    items = list(expected.items())
+    errors = []
+
+    def reader(seed):
+        rnd = random.Random(seed)
+        for _ in range(5000):
+            key, data = rnd.choice(items)
+            if s[key] != data:
+                errors.append(key)
+
+    with Shard(path) as s:
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
+def test_closed_shard_raises(tmp_path):
+    build(tmp_path / "c.shard", [b"a"])
+    s = Shard(tmp_path / "c.shard")
+    s.close()
+    with pytest.raises(ValueError):
+        s.get(sha(b"a"))
+
+
+def test_not_a_shard(tmp_path):
+    (tmp_path / "junk").write_bytes(os.urandom(4096))
+    with pytest.raises(CorruptShardError, match="junk: bad magic"):
+        Shard(tmp_path / "junk")
+    with pytest.raises(shardfs.ShardError, match="not a regular file or block device"):
+        Shard(tmp_path)

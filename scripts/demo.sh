@@ -27,15 +27,15 @@ shardfs mount "$shard" "$mnt"
 mount | grep " $mnt " || true
 
 step "a few objects: <key> <size>  (shardfs ls, then ls -l of the mount)"
-shardfs ls "$shard" | head -5
-ls -l "$mnt" | head -6
+{ shardfs ls "$shard" || true; } | head -5
+{ ls -l "$mnt" || true; } | head -6
 
 # One well-known file, found again by the SHA-256 of its content.
-sample=$(ls /usr/share/doc/*/copyright 2>/dev/null | head -1)
+sample=$( { ls /usr/share/doc/*/copyright 2>/dev/null || true; } | head -1)
 if [ -n "$sample" ]; then
     key=$(sha256sum "$sample" | cut -d' ' -f1)
     step "cat $mnt/$key | head  (the content of $sample)"
-    head -n 8 "$mnt/$key"
+    { head -n 8 "$mnt/$key" || true; }
 fi
 
 step "sha256sum of mounted files equals their names"

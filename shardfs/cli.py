@@ -1,0 +1,696 @@
+"""The ``shardfs`` command line: create, inspect, read, check, delete from and
+mount Software Heritage Read Shards.
+
+Entry point: :func:`main` (console script ``shardfs``; ``python -m shardfs``).
+
+Exit status, for every command:
+
+- 0   success;
+- 1   failure: key not found, corrupt shard, failed check, an OS error (file
+      missing, permission denied, disk full...);
+- 2   usage error: bad arguments, a key that is not 64 hexadecimal digits;
+- 130 interrupted (Ctrl-C);
+- 141 (128 + SIGPIPE) when the reader of stdout went away (``shardfs ls X |
+      head``); nothing is printed then.
+
+An error is reported as exactly one line ``shardfs: <message>`` on stderr; run
+with ``--debug`` to get the Python traceback as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import stat
+import sys
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger("shardfs")
+
+#: Exit statuses (see the module docstring).
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+#: Files up to this many bytes are read once into memory (hashed and added
+#: from the same buffer); larger ones are hashed, then streamed by the writer.
+SMALL_FILE = 1 << 20  # bytes
+
+#: Chunk size for streaming an object to stdout in ``get``.
+READ_CHUNK = 1 << 20  # bytes
+
+
+class UsageError(Exception):
+    """A command line that cannot be acted upon (exit status 2)."""
+
+
+class Failure(Exception):
+    """A reported failure (exit status 1); the message is printed as is."""
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def parse_key(text: str) -> bytes:
+    """Parse a key given on the command line.
+
+    :param text: 64 hexadecimal digits (any case).
+    :returns: the key as 32 raw bytes.
+    :raises UsageError: for anything else.
+    """
+    if len(text) != 64:
+        raise UsageError(f"{text!r}: not a key (expected 64 hexadecimal digits)")
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise UsageError(
+            f"{text!r}: not a key (expected 64 hexadecimal digits)"
+        ) from None
+
+
+def parse_keys(texts: Iterable[str]) -> List[bytes]:
+    """Parse keys (see :func:`parse_key`), dropping repeats, keeping order.
+
+    :returns: a list of distinct 32-byte keys.
+    """
+    seen = set()
+    keys = []
+    for text in texts:
+        key = parse_key(text)
+        if key not in seen:
+            seen.add(key)
+            keys.append(key)
+    return keys
+
+
+def format_size(n: int) -> str:
+    """A byte count for humans, in decimal (SI) units: ``56.7 MB``."""
+    if n < 1000:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        value /= 1000.0
+        if value < 999.95 or unit == "PB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def one_line(text: str) -> str:
+    """Collapse a message to a single line (errors are printed on one line)."""
+    return " ".join(str(text).split())
+
+
+def describe_oserror(exc: OSError) -> str:
+    """``<file>: <reason>`` for an OSError, naming the file when known."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is not None:
+        if exc.filename2 is not None:
+            return f"{exc.filename} -> {exc.filename2}: {reason}"
+        return f"{exc.filename}: {reason}"
+    return reason
+
+
+def _progress_bar(**kwargs):
+    """A tqdm progress bar on stderr, shown only when stderr is a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(disable=not sys.stderr.isatty(), file=sys.stderr, **kwargs)
+
+
+def _open_shard(path: str, writable: bool = False):
+    """Open a shard for reading (``Shard`` raises ShardError / OSError)."""
+    from shardfs import Shard
+
+    return Shard(path, writable=writable)
+
+
+# ----------------------------------------------------------- collecting files
+
+
+def iter_source_files(
+    paths: Sequence[str], exclude: Optional[Tuple[int, int]] = None
+) -> Iterator[Tuple[str, int]]:
+    """The regular files named by ``paths`` or found below them.
+
+    A path given on the command line is followed if it is a symbolic link; in
+    directories, walked recursively, symbolic links (to files or to
+    directories) and special files are skipped with a debug message.
+
+    :param paths: files and directories.
+    :param exclude: ``(st_dev, st_ino)`` of a file to leave out (the shard
+        being overwritten, if it lies in a source directory).
+    :yields: ``(path, size in bytes)`` for each regular file, directories in
+        sorted order so that a tree always gives the same shard.
+    :raises OSError: a path that does not exist or a directory that cannot
+        be listed.
+    """
+
+    def wanted(st: os.stat_result) -> bool:
+        return exclude is None or (st.st_dev, st.st_ino) != exclude
+
+    def walk_error(exc: OSError) -> None:
+        raise exc
+
+    for top in paths:
+        st = os.stat(top)
+        if stat.S_ISREG(st.st_mode):
+            if wanted(st):
+                yield top, st.st_size
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            logger.debug("%s: not a regular file or a directory, skipped", top)
+            continue
+        for dirpath, dirnames, filenames in os.walk(top, onerror=walk_error):
+            dirnames.sort()
+            for name in dirnames:
+                if os.path.islink(os.path.join(dirpath, name)):
+                    logger.debug(
+                        "%s: symbolic link to a directory, not followed",
+                        os.path.join(dirpath, name),
+                    )
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode):
+                    logger.debug("%s: not a regular file, skipped", path)
+                    continue
+                if wanted(st):
+                    yield path, st.st_size
+
+
+def _name_oserror(exc: OSError, path: str) -> OSError:
+    """Set the file name of an OSError raised by read() (it has none)."""
+    if exc.filename is None:
+        exc.filename = path
+    return exc
+
+
+def read_file(path: str) -> bytes:
+    """A (small) file's whole content. OSError names the file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise _name_oserror(exc, path)
+
+
+def file_sha256(path: str) -> bytes:
+    """SHA-256 of a file's content, read in chunks.
+
+    :returns: the 32-byte digest. OSError names the file.
+    """
+    try:
+        with open(path, "rb") as f:
+            if hasattr(hashlib, "file_digest"):
+                return hashlib.file_digest(f, "sha256").digest()
+            h = hashlib.sha256()
+            for chunk in iter(lambda: f.read(READ_CHUNK), b""):
+                h.update(chunk)
+            return h.digest()
+    except OSError as exc:
+        raise _name_oserror(exc, path)
+
+
+# ------------------------------------------------------------------- commands
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    """Build a shard from files; every object is keyed by its SHA-256."""
+    from shardfs import ShardWriter
+
+    shard = args.shard
+    exclude = None
+    try:
+        st = os.stat(shard)
+    except FileNotFoundError:
+        pass
+    else:
+        if not args.force:
+            raise Failure(f"{shard}: already exists (use --force to replace it)")
+        if stat.S_ISREG(st.st_mode):
+            exclude = (st.st_dev, st.st_ino)
+
+    # List everything first: a missing source fails before anything is
+    # written, the progress bar knows the total, and the writer's temporary
+    # file (next to SHARD, maybe inside a source directory) is never picked up.
+    files = list(iter_source_files(args.paths, exclude))
+    total = sum(size for _, size in files)
+    logger.info("%d files, %s to read", len(files), format_size(total))
+
+    duplicates = 0
+    with _progress_bar(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="create"
+    ) as bar:
+        with ShardWriter(shard) as writer:
+            for path, size in files:
+                if size <= SMALL_FILE:
+                    data = read_file(path)
+                    key = hashlib.sha256(data).digest()
+                    if key in writer:
+                        duplicates += 1
+                        logger.debug("%s: duplicate of %s, skipped", path, key.hex())
+                    else:
+                        writer.add(key, data)
+                else:
+                    key = file_sha256(path)
+                    if key in writer:
+                        duplicates += 1
+                        logger.debug("%s: duplicate of %s, skipped", path, key.hex())
+                    else:
+                        writer.add_file(key, path)
+                bar.update(size)
+            n_objects = len(writer)
+            n_bytes = writer.bytes_added
+    print(
+        f"created {shard}: {n_objects} objects, {format_size(n_bytes)}, "
+        f"{duplicates} duplicates skipped"
+    )
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print the header and derived figures, one ``name: value`` per line."""
+    with _open_shard(args.shard) as s:
+        h = s.header
+        live = 0
+        object_bytes = 0
+        for _key, size in s.items_sizes():
+            live += 1
+            object_bytes += size
+        lines = [
+            ("path", s.path),
+            ("version", h.version),
+            ("objects_count", h.objects_count),
+            ("objects_position", h.objects_position),
+            ("objects_size", h.objects_size),
+            ("index_position", h.index_position),
+            ("index_size", h.index_size),
+            ("hash_position", h.hash_position),
+            ("slots", s.slot_count),
+            ("live_objects", live),
+            ("extent", s.extent),
+            ("hash_size", s.extent - h.hash_position),
+            ("object_bytes", object_bytes),
+        ]
+    out = sys.stdout
+    for name, value in lines:
+        out.write(f"{name}: {value}\n")
+    out.flush()
+    return EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """Print ``<64-hex key> <size in bytes>`` for every live object."""
+    out = sys.stdout
+    with _open_shard(args.shard) as s:
+        for key, size in s.items_sizes():
+            out.write(f"{key.hex()} {size}\n")
+    out.flush()
+    return EXIT_OK
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    """Write the objects' bytes, in the order given, to stdout."""
+    keys = [parse_key(k) for k in args.keys]
+    out = sys.stdout.buffer
+    missing = 0
+    with _open_shard(args.shard) as s:
+        for key in keys:
+            where = s.locate(key)
+            if where is None:
+                missing += 1
+                report(f"{key.hex()}: not found in {args.shard}")
+                continue
+            data_offset, size = where
+            done = 0
+            while done < size:
+                chunk = s.pread(data_offset, size, done, min(READ_CHUNK, size - done))
+                if not chunk:  # cannot happen on a validated shard
+                    raise Failure(f"{args.shard}: {key.hex()}: short read at byte {done}")
+                out.write(chunk)
+                done += len(chunk)
+    out.flush()
+    return EXIT_FAILURE if missing else EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Verify a shard's structure (and with --hash, every object's SHA-256)."""
+    shard = args.shard
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        """Called by Shard.check with bytes hashed so far and in all."""
+        nonlocal bar
+        if bar is None:
+            bar = _progress_bar(
+                total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="check"
+            )
+        bar.update(done - bar.n)
+
+    try:
+        with _open_shard(shard) as s:
+            problems = s.check(hash=args.hash, progress=progress)
+            count = len(s)
+    finally:
+        if bar is not None:
+            bar.close()
+    if problems:
+        out = sys.stdout
+        for problem in problems:
+            out.write(f"{shard}: {one_line(problem)}\n")
+        out.flush()
+        raise Failure(f"{shard}: check failed, {len(problems)} problem(s)")
+    what = "structure and hashes" if args.hash else "structure"
+    print(f"{shard}: OK, {count} objects ({what} checked)")
+    return EXIT_OK
+
+
+def _confirm(question: str) -> bool:
+    """Ask a yes/no question on the terminal; only ``y``/``yes`` is yes."""
+    sys.stdout.flush()
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Take objects down in place: their bytes are zeroed, slots emptied."""
+    import shardfs
+
+    keys = parse_keys(args.keys)
+    if not args.yes and not sys.stdin.isatty():
+        raise UsageError("refusing to delete without --yes when stdin is not a terminal")
+    shard = args.shard
+    if not args.yes:
+        with _open_shard(shard) as s:
+            sizes = []
+            for key in keys:
+                if key not in s:
+                    raise Failure(f"{key.hex()}: not found in {shard}")
+                sizes.append(s.size(key))
+        print(f"about to delete {len(keys)} object(s) from {shard}:")
+        for key, size in zip(keys, sizes):
+            print(f"  {key.hex()} {size}")
+        if not _confirm("delete them?"):
+            raise Failure("not confirmed: nothing deleted")
+    try:
+        n = shardfs.delete(shard, keys)
+    except KeyError as exc:
+        missing = exc.args[0] if exc.args else None
+        if isinstance(missing, (bytes, bytearray)) and len(missing) == 32:
+            missing = missing.hex()
+        if isinstance(missing, str) and len(missing) == 64:
+            raise Failure(f"{missing}: not found in {shard} (nothing deleted)") from exc
+        raise Failure(f"{shard}: {one_line(exc)} (nothing deleted)") from exc
+    print(f"deleted {n} object(s) from {shard}")
+    return EXIT_OK
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    """Mount shards read-only through FUSE (shardfs.fuse.mount)."""
+    shards, mountpoint = args.shards, args.mountpoint
+    options: List[str] = []
+    for group in args.options or []:
+        options.extend(o for o in group.split(",") if o)
+    try:
+        from shardfs.fuse import mount as fuse_mount
+    except ImportError as exc:
+        raise Failure(f"mount is unavailable: {one_line(exc)}") from exc
+    result = fuse_mount.mount(
+        shard_paths=shards,
+        mountpoint=mountpoint,
+        foreground=args.foreground,
+        options=options,
+        debug=args.debug,
+        log_file=args.log_file,
+    )
+    return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    """Unmount a shardfs mount point."""
+    try:
+        from shardfs.fuse import mount as fuse_mount
+    except ImportError as exc:
+        raise Failure(f"umount is unavailable: {one_line(exc)}") from exc
+    result = fuse_mount.umount(args.mountpoint)
+    return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+
+
+# --------------------------------------------------------------------- parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors become :class:`UsageError` (one line)."""
+
+    def error(self, message):  # noqa: D102 - argparse API
+        # prog is "shardfs" or "shardfs COMMAND"; report() adds "shardfs: "
+        command = self.prog.partition(" ")[2]
+        prefix = f"{command}: " if command else ""
+        raise UsageError(f"{prefix}{message} (see '{self.prog} --help')")
+
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("shardfs")
+    except Exception:  # not installed (running from a source tree)
+        return getattr(sys.modules.get("shardfs"), "__version__", "unknown")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser for the whole command line."""
+    # Options accepted both before and after the command name; SUPPRESS keeps
+    # a subcommand's default from overwriting what the main parser parsed.
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS,
+        help="debug logging, and a Python traceback on errors",
+    )
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+        help="informational logging",
+    )
+
+    parser = _Parser(
+        prog="shardfs",
+        formatter_class=_FORMATTER,
+        parents=[common],
+        description=(
+            "Create, inspect, read, check and mount Software Heritage Read Shards:\n"
+            "immutable files of objects found through a perfect hash of their\n"
+            "32-byte keys (SHA-256 of the content)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  shardfs create my.shard ./files/\n"
+            "  shardfs info my.shard\n"
+            "  shardfs ls my.shard | head\n"
+            "  shardfs get my.shard 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n"
+            "  shardfs check --hash my.shard\n"
+            "  shardfs mount my.shard /mnt/shard\n"
+            "\n"
+            "exit status: 0 success, 1 failure (not found, corrupt, I/O error),\n"
+            "2 usage error, 130 interrupted.\n"
+            "Run 'shardfs COMMAND --help' for the options of a command."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"shardfs {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name, func, help, description, examples):
+        p = sub.add_parser(
+            name, help=help, description=description, parents=[common],
+            formatter_class=_FORMATTER, epilog="examples:\n" + examples,
+        )
+        p.set_defaults(func=func)
+        return p
+
+    p = command(
+        "create", cmd_create,
+        "build a shard from files and directories",
+        "Build a shard from the regular files given or found (recursively) in the\n"
+        "directories given. Each object is keyed by the SHA-256 of its content;\n"
+        "identical contents are stored once. Symbolic links and special files\n"
+        "inside directories are skipped. On any error, or on Ctrl-C, no shard\n"
+        "is left behind.",
+        "  shardfs create my.shard ./objects/\n"
+        "  shardfs create my.shard a.txt b.bin more-files/\n"
+        "  shardfs create --force my.shard ./objects/   # replace my.shard\n",
+    )
+    p.add_argument("shard", metavar="SHARD", help="the shard file to create")
+    p.add_argument("paths", metavar="PATH", nargs="+", help="files and directories to store")
+    p.add_argument("--force", action="store_true", help="replace SHARD if it exists")
+
+    p = command(
+        "info", cmd_info,
+        "show a shard's header and sizes",
+        "Print the seven header fields, the slot count, the number of live\n"
+        "objects, the shard's extent and hash section size (bytes) and the total\n"
+        "bytes of the live objects, one 'name: value' per line.",
+        "  shardfs info my.shard\n",
+    )
+    p.add_argument("shard", metavar="SHARD")
+
+    p = command(
+        "ls", cmd_ls,
+        "list the objects of a shard",
+        "Print one line per live object: its key (64 hexadecimal digits) and its\n"
+        "size in bytes, in slot order.",
+        "  shardfs ls my.shard\n"
+        "  shardfs ls my.shard | sort -k2 -n | tail   # the largest objects\n",
+    )
+    p.add_argument("shard", metavar="SHARD")
+
+    p = command(
+        "get", cmd_get,
+        "write objects to stdout",
+        "Write the bytes of the objects named by KEY (64 hexadecimal digits) to\n"
+        "stdout, one after the other. A key that is not in the shard is reported\n"
+        "and the exit status is 1; the objects found are still written.",
+        "  shardfs get my.shard 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 > obj\n"
+        "  shardfs ls my.shard | cut -d' ' -f1 | xargs shardfs get my.shard | wc -c\n",
+    )
+    p.add_argument("shard", metavar="SHARD")
+    p.add_argument("keys", metavar="KEY", nargs="+")
+
+    p = command(
+        "check", cmd_check,
+        "verify a shard",
+        "Verify a shard's structure: header, perfect hash, every index slot and\n"
+        "object size. With --hash, also verify that every object's SHA-256 is\n"
+        "its key (reads every byte). Prints 'SHARD: OK, N objects' and exits 0\n"
+        "when clean; prints each problem on its own line and exits 1 otherwise.",
+        "  shardfs check my.shard\n"
+        "  shardfs check --hash my.shard\n",
+    )
+    p.add_argument("shard", metavar="SHARD")
+    p.add_argument("--hash", action="store_true", help="also verify every object's SHA-256")
+
+    p = command(
+        "delete", cmd_delete,
+        "take objects down from a shard, in place",
+        "Remove objects from a shard in place, as the reference implementation\n"
+        "does for legal takedowns: the object's bytes and size are zeroed and its\n"
+        "index slot emptied. The file does not shrink. If any KEY is not in the\n"
+        "shard, nothing is deleted. Asks for confirmation unless --yes; without\n"
+        "--yes, stdin must be a terminal.",
+        "  shardfs delete my.shard 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n"
+        "  shardfs delete --yes my.shard KEY1 KEY2\n",
+    )
+    p.add_argument("shard", metavar="SHARD")
+    p.add_argument("keys", metavar="KEY", nargs="+")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+
+    p = command(
+        "mount", cmd_mount,
+        "mount a shard read-only (FUSE)",
+        "Mount SHARD read-only at MOUNTPOINT through FUSE. Runs in the\n"
+        "background unless -f; unmount with 'shardfs umount MOUNTPOINT'.",
+        "  shardfs mount my.shard /mnt/shard\n"
+        "  shardfs mount -f --log-file fuse.log my.shard /mnt/shard\n"
+        "  shardfs mount -o allow_other my.shard /mnt/shard\n",
+    )
+    # SHARD [SHARD ...] MOUNTPOINT: one shard for now; the syntax is ready
+    # for several (shardfs.fuse.mount.mount takes a list).
+    p.add_argument("shards", metavar="SHARD", nargs="+", help="the shard file (or block device)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    p.add_argument(
+        "-o", dest="options", metavar="OPTIONS", action="append",
+        help="FUSE mount options, comma-separated (may be repeated)",
+    )
+    p.add_argument("--log-file", metavar="FILE", help="write the filesystem's log to FILE")
+
+    p = command(
+        "umount", cmd_umount,
+        "unmount a shardfs mount point",
+        "Unmount a filesystem mounted with 'shardfs mount'.",
+        "  shardfs umount /mnt/shard\n",
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    return parser
+
+
+# ----------------------------------------------------------------------- main
+
+
+def report(message: str) -> None:
+    """Print one error line, ``shardfs: <message>``, on stderr."""
+    sys.stderr.write(f"shardfs: {one_line(message)}\n")
+    sys.stderr.flush()
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the final flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line.
+
+    :param argv: the arguments without the program name (default:
+        ``sys.argv[1:]``).
+    :returns: the exit status (0, 1, 2, 130 or 141; see the module docstring).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        report(str(exc))
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+
+    debug = getattr(args, "debug", False)
+    args.debug = debug
+    level = logging.DEBUG if debug else logging.INFO if getattr(args, "verbose", False) else logging.WARNING
+    logging.basicConfig(level=level, format="shardfs: %(levelname)s: %(message)s")
+
+    from shardfs import ShardError  # after parsing: --help works without the extension
+
+    def fail(message: str, status: int) -> int:
+        if debug:
+            logger.exception("%s", message)
+        report(message)
+        return status
+
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except Failure as exc:
+        return fail(str(exc), EXIT_FAILURE)
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return fail("interrupted", EXIT_INTERRUPTED)
+    except ShardError as exc:
+        return fail(str(exc), EXIT_FAILURE)
+    except OSError as exc:
+        return fail(describe_oserror(exc), EXIT_FAILURE)
+    except Exception as exc:  # a bug, or a corrupt input the core missed
+        return fail(
+            f"unexpected error: {type(exc).__name__}: {exc}"
+            + ("" if debug else " (run with --debug for a traceback)"),
+            EXIT_FAILURE,
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

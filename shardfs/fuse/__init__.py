@@ -1,0 +1,25 @@
+"""shardfs.fuse — serve a Read Shard as a read-only FUSE filesystem (pyfuse3).
+
+- `shardfs.fuse.fs.ShardFS`: the pyfuse3.Operations subclass.
+- `shardfs.fuse.mount`: the module with `mount()` and `umount()`, what
+  ``shardfs mount`` and ``shardfs umount`` run (``from shardfs.fuse import
+  mount`` gives the module).
+
+`ShardFS`, `umount` and `is_mounted` are also reachable here, imported
+lazily: importing the package loads neither pyfuse3 nor trio, and
+``python -m shardfs.fuse.mount`` (the mount daemon) does not import its own
+module twice.
+"""
+
+import importlib
+from typing import Any
+
+__all__ = ["ShardFS", "umount", "is_mounted"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ShardFS":
+        return importlib.import_module("shardfs.fuse.fs").ShardFS
+    if name in ("umount", "is_mounted"):
+        return getattr(importlib.import_module("shardfs.fuse.mount"), name)
+    raise AttributeError(f"module 'shardfs.fuse' has no attribute {name!r}")

@@ -1,0 +1,601 @@
+"""Mounting and unmounting a shard: checks, the pyfuse3 main loop, the daemon.
+
+`mount()` checks everything it can before touching the kernel (the mount
+point, the options, the shard itself), then either serves in the foreground
+(`foreground=True`, until SIGINT/SIGTERM or an external unmount) or starts a
+detached daemon process and returns once the filesystem answers.
+
+The daemon is a fresh interpreter (``python -m shardfs.fuse.mount --serve``),
+not a fork: trio and pyfuse3 do not survive a fork after they start. It
+reports readiness (or the error that stopped it) on a pipe whose descriptor
+it receives with ``--ready-fd``; its stderr stays a pipe to the parent until
+then, so libfuse's own messages reach the user too.
+
+`umount()` unmounts with ``fusermount3 -u`` (``umount`` when fusermount3 is
+missing) and clears a stale mount left by a killed daemon ("Transport
+endpoint is not connected") with a lazy unmount.
+
+Errors the user can fix (bad mount point, bad option, not a mount) raise
+`shardfs.ShardError` with a one-line message; a corrupt shard raises
+`shardfs.CorruptShardError` before anything is mounted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import IO, Callable, Iterable, List, Optional, Sequence
+
+log = logging.getLogger("shardfs.fuse")
+
+#: Seconds `mount()` waits for the daemon to answer before giving up.
+READY_TIMEOUT = 10.0
+
+#: Mount options always given (the user may add more, never "rw").
+BASE_OPTIONS = ("ro", "subtype=shardfs", "default_permissions", "nosuid", "nodev")
+
+#: The filesystem type a shardfs mount shows in /proc/self/mountinfo.
+FSTYPE = "fuse.shardfs"
+
+
+def _shard_error(message: str) -> Exception:
+    from shardfs import ShardError
+
+    return ShardError(message)
+
+
+# ------------------------------------------------------------- mount table
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """Decode the octal escapes (\\040 for a space, ...) of a mountinfo field."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_entry(path: str) -> Optional[dict]:
+    """The mount table entry whose mount point is `path`, or None.
+
+    Reads /proc/self/mountinfo, so a stale FUSE mount (whose mount point
+    cannot even be stat'ed) is found too; `os.path.ismount` misses those.
+    Returns a dict with keys mountpoint, fstype, source; the last mount
+    stacked on `path` wins.
+    """
+    target = _canonical(path)
+    found = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split()
+                if "-" not in fields:
+                    continue
+                sep = fields.index("-")
+                if len(fields) < sep + 3:
+                    continue
+                if _unescape_mountinfo(fields[4]) == target:
+                    found = {
+                        "mountpoint": target,
+                        "fstype": fields[sep + 1],
+                        "source": _unescape_mountinfo(fields[sep + 2]),
+                    }
+    except OSError:
+        return {"mountpoint": target, "fstype": "?", "source": "?"} if _ismount(path) else None
+    return found
+
+
+def is_mounted(path: str) -> bool:
+    """True when something is mounted on `path` (stale FUSE mounts included)."""
+    return mount_entry(path) is not None
+
+
+def _ismount(path: str) -> bool:
+    try:
+        return os.path.ismount(path)
+    except OSError:
+        return False
+
+
+def _canonical(path: str) -> str:
+    """Absolute path with the parent's symlinks resolved, without stat-ing
+    `path` itself (a stale mount point cannot be stat'ed)."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    if not name:
+        return path
+    return os.path.join(os.path.realpath(parent), name)
+
+
+def _is_stale(path: str) -> bool:
+    """True when `path` is a FUSE mount whose process is gone.
+
+    statvfs always reaches the filesystem (a stat may be answered from the
+    kernel's attribute cache), so a dead connection shows as ENOTCONN.
+    """
+    try:
+        os.statvfs(path)
+    except OSError as exc:
+        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return False
+
+
+# ----------------------------------------------------------------- checks
+
+
+def check_mountpoint(mountpoint: str) -> str:
+    """Return the canonical mount point path if one can mount there.
+
+    It must exist, be a directory, be empty and not be a mount point
+    already. Raises ShardError with a one-line message otherwise.
+    """
+    path = _canonical(mountpoint)
+    if is_mounted(path):
+        if _is_stale(path):
+            raise _shard_error(
+                f"mount point {mountpoint} holds a stale mount (its filesystem process died); "
+                f"run 'shardfs umount {mountpoint}' first"
+            )
+        raise _shard_error(f"mount point {mountpoint} is already a mount point")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise _shard_error(f"mount point {mountpoint} does not exist") from None
+    except OSError as exc:
+        raise _shard_error(f"mount point {mountpoint}: {exc.strerror}") from None
+    import stat as stat_mod
+
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise _shard_error(f"mount point {mountpoint} is not a directory")
+    try:
+        with os.scandir(path) as it:
+            if any(True for _ in it):
+                raise _shard_error(f"mount point {mountpoint} is not empty")
+    except PermissionError:
+        raise _shard_error(f"mount point {mountpoint}: permission denied") from None
+    return path
+
+
+def build_options(shard_paths: Sequence[str], user_options: Optional[Iterable[str]]) -> List[str]:
+    """The libfuse option list: ours plus the user's ``-o`` options.
+
+    `user_options` items may be comma-separated lists. "rw" is refused (the
+    filesystem is read-only); a user fsname= or subtype= replaces ours.
+    Raises ShardError for a refused option.
+    """
+    extra: List[str] = []
+    for item in user_options or ():
+        for opt in str(item).split(","):
+            opt = opt.strip()
+            if not opt:
+                continue
+            if opt == "rw":
+                raise _shard_error("mount option 'rw' is not allowed: shardfs is read-only")
+            if not opt.isascii() or any(c.isspace() for c in opt):
+                raise _shard_error(f"invalid mount option {opt!r}")
+            extra.append(opt)
+    name = os.path.basename(os.path.abspath(shard_paths[0])) if shard_paths else "shard"
+    # libfuse splits options on commas and wants ASCII: keep the name tame.
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", name) or "shard"
+    options = [f"fsname=shardfs:{name}"] + list(BASE_OPTIONS)
+    for opt in extra:
+        key = opt.split("=", 1)[0]
+        if key in ("fsname", "subtype"):
+            options = [o for o in options if not o.startswith(key + "=")]
+        if opt not in options:
+            options.append(opt)
+    return options
+
+
+# ---------------------------------------------------------------- logging
+
+
+def setup_logging(debug: bool, log_file: Optional[str], stream: Optional[IO[str]] = None) -> None:
+    """Send the "shardfs.fuse" (and pyfuse3) loggers to `log_file`, else to
+    `stream` (stderr by default). Levels: DEBUG with `debug`; else INFO
+    (mount, unmount, signals) into a log file, WARNING to a terminal."""
+    if log_file:
+        handler: logging.Handler = logging.FileHandler(log_file)
+    else:
+        handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(name)s[%(process)d] %(levelname)s: %(message)s")
+    )
+    for name in ("shardfs.fuse", "pyfuse3"):
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.propagate = False
+        if debug:
+            logger.setLevel(logging.DEBUG)
+        elif name == "shardfs.fuse" and log_file:
+            logger.setLevel(logging.INFO)  # a log file gets mount/unmount events
+        else:
+            logger.setLevel(logging.WARNING)  # a terminal only gets problems
+
+
+# ------------------------------------------------------------------ serve
+
+
+def _open_shards(shard_paths: Sequence[str]) -> list:
+    from shardfs import Shard
+
+    if not shard_paths:
+        raise _shard_error("no shard to mount")
+    if len(shard_paths) > 1:
+        raise _shard_error("mounting several shards at once is not supported yet; mount one shard")
+    shards = []
+    try:
+        for p in shard_paths:
+            shards.append(Shard(p))
+    except BaseException:
+        for s in shards:
+            s.close()
+        raise
+    return shards
+
+
+def serve(
+    shards: list,
+    mountpoint: str,
+    options: Sequence[str],
+    ready_fd: Optional[int] = None,
+    on_ready: Optional[Callable[[], None]] = None,
+) -> int:
+    """Mount `shards` on `mountpoint` and serve until unmounted or signalled.
+
+    SIGINT, SIGTERM and SIGHUP end the main loop gracefully (a second one
+    cancels requests still running); the filesystem is unmounted on the way
+    out whatever happens. When `ready_fd` is given, "ok\\n" is written to it
+    once the mount answers a stat, or "error: <message>\\n" if mounting
+    failed, and it is closed; `on_ready` is called just before "ok" is
+    written. Returns the exit status (0 = clean unmount).
+    """
+    import pyfuse3
+    import trio
+
+    from shardfs.fuse.fs import ShardFS
+
+    fs = ShardFS(shards)
+    try:
+        pyfuse3.init(fs, mountpoint, set(options))
+    except RuntimeError as exc:
+        message = f"cannot mount on {mountpoint}: libfuse refused ({exc}); check the -o options"
+        _report(ready_fd, "error: " + message)
+        raise _shard_error(message) from None
+
+    log.info("mounted %s on %s (options %s)", shards[0].path, mountpoint, ",".join(options))
+    status = 0
+    try:
+        trio.run(_main, mountpoint, ready_fd, on_ready)
+    except BaseException as exc:
+        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            log.exception("filesystem main loop failed")
+            status = 1
+        _report(ready_fd, f"error: filesystem main loop failed: {exc}")
+        if isinstance(exc, SystemExit):
+            raise
+    finally:
+        try:
+            pyfuse3.close(unmount=True)
+        except Exception:  # pragma: no cover - close() only logs in practice
+            log.exception("pyfuse3.close failed")
+    log.info("unmounted %s", mountpoint)
+    return status
+
+
+async def _main(mountpoint: str, ready_fd: Optional[int], on_ready: Optional[Callable[[], None]]) -> None:
+    import pyfuse3
+    import trio
+
+    async with trio.open_nursery() as nursery:
+
+        async def run_fuse() -> None:
+            await pyfuse3.main()
+            # The loop ended (pyfuse3.terminate() or an external unmount):
+            # stop the signal watcher and the readiness probe too.
+            nursery.cancel_scope.cancel()
+
+        async def watch_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+                count = 0
+                async for signum in signals:
+                    count += 1
+                    if count == 1:
+                        log.info("got signal %d: unmounting", signum)
+                        pyfuse3.terminate()
+                    else:
+                        log.info("got signal %d again: cancelling running requests", signum)
+                        nursery.cancel_scope.cancel()
+
+        async def announce_ready() -> None:
+            try:
+                # Answered by our own main loop: proves the mount works.
+                await _to_thread_abandonable(os.stat, mountpoint)
+            except OSError as exc:
+                _report(ready_fd, f"error: the new mount does not answer: {exc}")
+                pyfuse3.terminate()
+                return
+            if on_ready is not None:
+                on_ready()
+            _report(ready_fd, "ok")
+            log.info("serving %s", mountpoint)
+
+        nursery.start_soon(run_fuse)
+        nursery.start_soon(watch_signals)
+        nursery.start_soon(announce_ready)
+
+
+async def _to_thread_abandonable(fn: Callable[..., object], *args: object) -> object:
+    import trio
+
+    try:
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+    except TypeError:  # trio < 0.23 called it "cancellable"
+        return await trio.to_thread.run_sync(fn, *args, cancellable=True)
+
+
+def _report(ready_fd: Optional[int], message: str) -> None:
+    """Write one status line to the parent (once), then close the pipe."""
+    global _reported
+    if ready_fd is None or _reported:
+        return
+    _reported = True
+    try:
+        os.write(ready_fd, (message.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+        os.close(ready_fd)
+    except OSError:
+        pass
+
+
+_reported = False
+
+
+# ------------------------------------------------------------------ mount
+
+
+def mount(
+    shard_paths: Sequence[str],
+    mountpoint: str,
+    foreground: bool = False,
+    options: Optional[Sequence[str]] = None,
+    debug: bool = False,
+    log_file: Optional[str] = None,
+) -> int:
+    """Mount the shard(s) read-only on `mountpoint`; return an exit status.
+
+    Checks, before anything is mounted: the mount point (exists, directory,
+    empty, not a mount point), the options (`build_options`), and the shard
+    (opened and validated: a corrupt one raises CorruptShardError, a missing
+    one an OSError). Usage errors raise ShardError with a one-line message.
+
+    Foreground: serves in this process until SIGINT/SIGTERM or an external
+    unmount, then returns 0 (the mount is always removed).
+    Background: starts a detached daemon, waits until the filesystem answers
+    (at most READY_TIMEOUT seconds) and returns 0; raises ShardError with
+    the daemon's error if it could not mount.
+    """
+    shard_paths = [os.path.abspath(p) for p in shard_paths]
+    opts = build_options(shard_paths, options)
+    mp = check_mountpoint(mountpoint)
+    shards = _open_shards(shard_paths)
+    if foreground:
+        setup_logging(debug, log_file)
+        try:
+            return serve(shards, mp, opts)
+        finally:
+            for s in shards:
+                s.close()
+    for s in shards:
+        s.close()
+    return _spawn_daemon(shard_paths, mp, opts, debug, log_file)
+
+
+def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], debug: bool, log_file: Optional[str]) -> int:
+    rfd, wfd = os.pipe()
+    cmd = [sys.executable, "-m", "shardfs.fuse.mount", "--serve", "--ready-fd", str(wfd), "--mountpoint", mountpoint]
+    for opt in options:
+        cmd += ["--option", opt]
+    if debug:
+        cmd.append("--debug")
+    if log_file:
+        cmd += ["--log-file", os.path.abspath(log_file)]
+    cmd.append("--")
+    cmd += shard_paths
+    env = dict(os.environ)
+    # Make the package importable in the child even when not installed.
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+    try:
+        child = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(wfd,),
+            start_new_session=True,
+            cwd="/",
+            env=env,
+        )
+    finally:
+        os.close(wfd)
+    try:
+        status = _wait_ready(rfd, child)
+    finally:
+        os.close(rfd)
+    if status == "ok":
+        if child.stderr is not None:
+            child.stderr.close()
+        return 0
+    # Failed: collect what the child said on stderr (libfuse messages).
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    detail = ""
+    if child.stderr is not None:
+        lines = [l.strip() for l in child.stderr.read().decode("utf-8", "replace").splitlines() if l.strip()]
+        child.stderr.close()
+        if lines:
+            detail = lines[-1]
+    if is_mounted(mountpoint):  # never leave a half-started mount behind
+        _run_unmount(mountpoint, lazy=True)
+    if status is None:
+        message = f"the filesystem did not answer within {READY_TIMEOUT:g} s; gave up"
+    elif status == "":
+        message = f"the filesystem process exited with status {child.returncode} before the mount was ready"
+    else:
+        message = status[len("error: "):] if status.startswith("error: ") else status
+    if detail and detail not in message:
+        message += f" ({detail})"
+    raise _shard_error(message)
+
+
+def _wait_ready(rfd: int, child: subprocess.Popen) -> Optional[str]:
+    """Read the daemon's status line: "ok", "error: ...", "" if the pipe
+    closed without a word (the child died), None on timeout (child killed)."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    data = b""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            child.terminate()
+            try:
+                child.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            return None
+        ready, _, _ = select.select([rfd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(rfd, 4096)
+        if not chunk:
+            return data.decode("utf-8", "replace").strip()
+        data += chunk
+        if b"\n" in data:
+            return data.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+
+
+def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the background daemon (``python -m shardfs.fuse.mount``)."""
+    parser = argparse.ArgumentParser(prog="python -m shardfs.fuse.mount", description="shardfs mount daemon (internal)")
+    parser.add_argument("--serve", action="store_true", required=True)
+    parser.add_argument("--ready-fd", type=int)
+    parser.add_argument("--mountpoint", required=True)
+    parser.add_argument("--option", action="append", default=[])
+    parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--log-file")
+    parser.add_argument("shards", nargs="+")
+    args = parser.parse_args(argv)
+
+    ready_fd = args.ready_fd
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Logging: the log file, else nowhere (stderr goes away once detached).
+    devnull = open(os.devnull, "w")
+    setup_logging(args.debug, args.log_file, stream=devnull if not args.log_file else None)
+    try:
+        shards = _open_shards(args.shards)
+    except Exception as exc:
+        _report(ready_fd, f"error: {exc}")
+        return 1
+    try:
+        try:
+            check_mountpoint(args.mountpoint)
+        except Exception as exc:
+            _report(ready_fd, f"error: {exc}")
+            return 1
+        try:
+            return serve(
+                shards,
+                args.mountpoint,
+                args.option,
+                ready_fd=ready_fd,
+                on_ready=lambda: _detach_stderr(args.log_file),
+            )
+        except Exception as exc:
+            _report(ready_fd, f"error: {exc}")
+            return 1
+    finally:
+        for s in shards:
+            s.close()
+
+
+def _detach_stderr(log_file: Optional[str]) -> None:
+    """Point fds 1 and 2 at the log file (or /dev/null) instead of the
+    parent's pipe, which goes away once the parent returns.
+
+    Done once the mount answers, just before reporting "ok": libfuse's
+    early errors still reach the parent, later ones must not hit a closed
+    pipe.
+    """
+    target = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if log_file else os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+    finally:
+        os.close(target)
+
+
+# ---------------------------------------------------------------- umount
+
+
+def umount(mountpoint: str) -> int:
+    """Unmount a shardfs mount; return 0.
+
+    Uses ``fusermount3 -u`` (``umount`` if fusermount3 is missing). A stale
+    mount whose daemon was killed is detached with a lazy unmount. Raises
+    ShardError with a one-line message when `mountpoint` is not a mount
+    point, is not a shardfs mount, or cannot be unmounted (e.g. busy).
+    """
+    path = _canonical(mountpoint)
+    entry = mount_entry(path)
+    if entry is None:
+        raise _shard_error(f"{mountpoint} is not a mount point")
+    if entry["fstype"] not in (FSTYPE, "?"):
+        raise _shard_error(f"{mountpoint} is not a shardfs mount (it is {entry['fstype']})")
+    stale = _is_stale(path)
+    ok, message = _run_unmount(path, lazy=False)
+    if not ok and (stale or _is_stale(path)):
+        ok, message = _run_unmount(path, lazy=True)
+    if not ok:
+        raise _shard_error(f"cannot unmount {mountpoint}: {message}")
+    # The daemon leaves once the kernel tells it; wait briefly for the table.
+    deadline = time.monotonic() + 5
+    while is_mounted(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if is_mounted(path):
+        raise _shard_error(f"cannot unmount {mountpoint}: still mounted")
+    return 0
+
+
+def _run_unmount(path: str, lazy: bool) -> "tuple[bool, str]":
+    """Run fusermount3 -u[z] (or umount [-l]); (success, last error line)."""
+    fusermount = shutil.which("fusermount3") or shutil.which("fusermount")
+    if fusermount:
+        cmd = [fusermount, "-uz" if lazy else "-u", path]
+    else:
+        umount_bin = shutil.which("umount") or "umount"
+        cmd = [umount_bin] + (["-l"] if lazy else []) + [path]
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    if proc.returncode == 0:
+        return True, ""
+    lines = [l.strip() for l in (proc.stderr + proc.stdout).splitlines() if l.strip()]
+    message = lines[-1] if lines else f"{os.path.basename(cmd[0])} exited with status {proc.returncode}"
+    # "fusermount3: failed to unmount /x: Device or resource busy" -> keep the cause.
+    m = re.search(r"failed to unmount [^:]*: (.*)$", message)
+    return False, (m.group(1) if m else message)
+
+
+if __name__ == "__main__":
+    sys.exit(_daemon_main())

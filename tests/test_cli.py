@@ -1,0 +1,619 @@
+"""End-to-end tests of the ``shardfs`` command line, run as subprocesses
+(``python -m shardfs ...``) over real files in ``tmp_path``.
+
+Conventions checked throughout: exit status 0 (success), 1 (failure), 2
+(usage); an error is exactly one stderr line ``shardfs: <message>`` and never
+a Python traceback.
+"""
+
+import hashlib
+import os
+import pty
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import shardfs
+from shardfs import cli
+
+SHARDFS = [sys.executable, "-m", "shardfs"]
+TIMEOUT = 60  # seconds, per command
+
+
+def run(*args, input=None, stdin=None, timeout=TIMEOUT):
+    """Run ``shardfs ARGS...``; returns the CompletedProcess (bytes output)."""
+    return subprocess.run(
+        SHARDFS + [str(a) for a in args],
+        input=input,
+        stdin=stdin if input is None else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(proc, status=1, contains=None):
+    """The command failed with `status` and exactly one stderr line."""
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == status, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("shardfs: "), err
+    if contains is not None:
+        assert contains in lines[0], err
+    return lines[0]
+
+
+def sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def ls_map(shard) -> dict:
+    """``shardfs ls`` as {hex key: size in bytes}."""
+    proc = run("ls", shard)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == b""
+    out = {}
+    for line in proc.stdout.decode().splitlines():
+        key, size = line.split(" ")
+        assert len(key) == 64 and key == key.lower()
+        assert key not in out
+        out[key] = int(size)
+    return out
+
+
+def info_map(shard) -> dict:
+    """``shardfs info`` as {name: value} (ints where they parse)."""
+    proc = run("info", shard)
+    assert proc.returncode == 0, proc.stderr
+    out = {}
+    for line in proc.stdout.decode().splitlines():
+        name, _, value = line.partition(": ")
+        out[name] = int(value) if value.isdigit() else value
+    return out
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A source tree with nested directories, duplicates, an empty file, a
+    file larger than cli.SMALL_FILE (streamed), a symlink and a FIFO.
+
+    Returns (source directory, {32-byte key: content} of the distinct
+    regular files, number of duplicate files).
+    """
+    rng = random.Random(42)
+    src = tmp_path / "src"
+    (src / "sub" / "deeper").mkdir(parents=True)
+    (src / "other").mkdir()
+    files = {
+        "a.txt": b"hello world\n",
+        "sub/b.bin": rng.randbytes(3000),
+        "sub/deeper/c.txt": b"hello world\n",  # duplicate of a.txt
+        "sub/deeper/empty": b"",
+        "other/empty-too": b"",  # duplicate of the empty file
+        "other/big": rng.randbytes(cli.SMALL_FILE + 12345),
+        "big-copy": None,  # duplicate of other/big, set below
+        "sub/x": b"x",
+    }
+    files["big-copy"] = files["other/big"]
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    os.symlink(src / "sub" / "x", src / "link-to-file")
+    os.symlink(src / "sub", src / "other" / "link-to-dir")
+    os.mkfifo(src / "fifo")
+    contents = {sha256(d): d for d in files.values()}
+    duplicates = len(files) - len(contents)
+    return src, contents, duplicates
+
+
+@pytest.fixture
+def built(tree, tmp_path):
+    """A shard created by the CLI from `tree`: (shard path, contents)."""
+    src, contents, duplicates = tree
+    shard = tmp_path / "t.shard"
+    proc = run("create", shard, src)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.decode()
+    assert f"created {shard}: {len(contents)} objects" in out
+    assert f"{duplicates} duplicates skipped" in out
+    return shard, contents
+
+
+# ------------------------------------------------------------------ create/ls/get
+
+
+def test_create_ls_matches_sha256(built):
+    shard, contents = built
+    assert ls_map(shard) == {k.hex(): len(v) for k, v in contents.items()}
+
+
+def test_create_skips_symlinks_and_special_files(tree, tmp_path):
+    src, contents, _ = tree
+    shard = tmp_path / "s.shard"
+    proc = run("--debug", "create", shard, src)
+    assert proc.returncode == 0
+    err = proc.stderr.decode()
+    assert "link-to-file" in err and "fifo" in err and "link-to-dir" in err
+    assert set(ls_map(shard)) == {k.hex() for k in contents}
+
+
+def test_create_from_files_and_dirs_mixed(tree, tmp_path):
+    src, contents, _ = tree
+    extra = tmp_path / "extra.txt"
+    extra.write_bytes(b"extra")
+    shard = tmp_path / "m.shard"
+    proc = run("create", shard, extra, src / "sub", src / "a.txt")
+    assert proc.returncode == 0, proc.stderr
+    expected = {sha256(p.read_bytes()).hex() for p in [extra, src / "a.txt"]}
+    expected |= {
+        sha256(p.read_bytes()).hex()
+        for p in (src / "sub").rglob("*")
+        if p.is_file() and not p.is_symlink()
+    }
+    assert set(ls_map(shard)) == expected
+
+
+def test_get_returns_exact_bytes(built):
+    shard, contents = built
+    for key, data in contents.items():
+        proc = run("get", shard, key.hex())
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == data
+        assert proc.stderr == b""
+    # several keys: concatenated in the order given; upper case accepted
+    keys = list(contents)
+    proc = run("get", shard, *[k.hex().upper() for k in keys])
+    assert proc.returncode == 0
+    assert proc.stdout == b"".join(contents[k] for k in keys)
+
+
+def test_get_missing_key_prints_found_ones_and_fails(built):
+    shard, contents = built
+    present = next(k for k, v in contents.items() if v)
+    missing = sha256(b"not in the shard").hex()
+    proc = run("get", shard, present.hex(), missing)
+    assert proc.stdout == contents[present]
+    line = assert_one_line_error(proc, 1)
+    assert line == f"shardfs: {missing}: not found in {shard}"
+
+
+@pytest.mark.parametrize("key", ["abc", "z" * 64, "0" * 63, "0" * 65, ""])
+def test_get_bad_key_is_usage_error(built, key):
+    shard, _ = built
+    proc = run("get", shard, key)
+    assert_one_line_error(proc, 2)
+    assert proc.stdout == b""
+
+
+def test_info_fields(built):
+    shard, contents = built
+    info = info_map(shard)
+    n = len(contents)
+    assert info["path"] == str(shard)
+    assert info["version"] == 1
+    assert info["objects_count"] == n
+    assert info["objects_position"] == 512
+    assert info["objects_size"] == sum(8 + len(v) for v in contents.values())
+    assert info["index_position"] >= info["objects_position"] + info["objects_size"]
+    assert info["index_size"] == 40 * info["slots"]
+    assert info["slots"] >= n
+    assert info["hash_position"] >= info["index_position"] + info["index_size"]
+    assert info["live_objects"] == n
+    assert info["object_bytes"] == sum(len(v) for v in contents.values())
+    assert info["hash_size"] == info["extent"] - info["hash_position"] > 0
+    assert info["extent"] <= os.path.getsize(shard)
+    with shardfs.Shard(str(shard)) as s:
+        assert tuple(s.header) == tuple(
+            info[f]
+            for f in (
+                "version", "objects_count", "objects_position", "objects_size",
+                "index_position", "index_size", "hash_position",
+            )
+        )
+        assert s.extent == info["extent"]
+
+
+# ------------------------------------------------------------------------- check
+
+
+def test_check_ok(built):
+    shard, contents = built
+    for extra in ([], ["--hash"]):
+        proc = run("check", *extra, shard)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.decode().startswith(f"{shard}: OK, {len(contents)} objects")
+        assert proc.stderr == b""
+
+
+def test_check_hash_detects_flipped_byte(built):
+    shard, contents = built
+    key = next(k for k, v in contents.items() if len(v) > 100)
+    with shardfs.Shard(str(shard)) as s:
+        data_offset, size = s.locate(key)
+    assert size == len(contents[key])
+    with open(shard, "r+b") as f:
+        f.seek(data_offset + size // 2)
+        byte = f.read(1)
+        f.seek(data_offset + size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    # the structure is intact...
+    assert run("check", shard).returncode == 0
+    # ...but the content no longer hashes to its key
+    proc = run("check", "--hash", shard)
+    assert_one_line_error(proc, 1, contains="check failed")
+    assert key.hex() in proc.stdout.decode()
+    assert "Traceback" not in proc.stdout.decode()
+
+
+# ------------------------------------------------------------------------ delete
+
+
+def test_delete_yes_removes_everywhere(built):
+    shard, contents = built
+    victim = next(k for k, v in contents.items() if len(v) > 100)
+    proc = run("delete", "--yes", shard, victim.hex())
+    assert proc.returncode == 0, proc.stderr
+    listing = ls_map(shard)
+    assert victim.hex() not in listing
+    assert set(listing) == {k.hex() for k in contents} - {victim.hex()}
+    assert_one_line_error(run("get", shard, victim.hex()), 1, contains="not found")
+    with shardfs.Shard(str(shard)) as s:
+        assert victim not in set(s)
+        assert victim not in s
+        assert len(s) == len(contents) - 1
+        for key, data in contents.items():
+            if key != victim:
+                assert s[key] == data
+    # the object's bytes are gone from the file
+    assert contents[victim] not in shard.read_bytes()
+    # a shard with a takedown is still a valid shard
+    assert run("check", "--hash", shard).returncode == 0
+    assert info_map(shard)["live_objects"] == len(contents) - 1
+    # deleting it again: not found
+    assert_one_line_error(run("delete", "--yes", shard, victim.hex()), 1, contains="not found")
+
+
+def test_delete_several_and_repeated_keys(built):
+    shard, contents = built
+    victims = list(contents)[:2]
+    hexes = [v.hex() for v in victims]
+    proc = run("delete", "-y", shard, *hexes, hexes[0])
+    assert proc.returncode == 0, proc.stderr
+    assert set(ls_map(shard)) == {k.hex() for k in contents} - set(hexes)
+
+
+def test_delete_missing_key_deletes_nothing(built):
+    shard, contents = built
+    present = next(iter(contents))
+    missing = sha256(b"absent").hex()
+    before = shard.read_bytes()
+    proc = run("delete", "--yes", shard, present.hex(), missing)
+    assert_one_line_error(proc, 1, contains=missing)
+    assert shard.read_bytes() == before
+
+
+def test_delete_refuses_without_yes_when_not_a_terminal(built):
+    shard, contents = built
+    before = shard.read_bytes()
+    proc = run("delete", shard, next(iter(contents)).hex(), stdin=subprocess.DEVNULL)
+    assert_one_line_error(
+        proc, 2, contains="refusing to delete without --yes when stdin is not a terminal"
+    )
+    assert shard.read_bytes() == before
+
+
+def test_delete_bad_key_is_usage_error(built):
+    shard, _ = built
+    assert_one_line_error(run("delete", "--yes", shard, "nope"), 2)
+
+
+@pytest.mark.parametrize("answer,deleted", [(b"y\n", True), (b"n\n", False), (b"\n", False)])
+def test_delete_asks_on_a_terminal(built, answer, deleted):
+    shard, contents = built
+    victim = next(iter(contents))
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            SHARDFS + ["delete", str(shard), victim.hex()],
+            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        os.close(slave)
+        slave = None
+        os.write(master, answer)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert victim.hex() in out.decode()  # the list shown before asking
+    assert b"Traceback" not in err
+    assert proc.returncode == (0 if deleted else 1)
+    assert (victim.hex() in ls_map(shard)) is not deleted
+
+
+# ------------------------------------------------------------------- edge shapes
+
+
+def test_empty_shard_from_empty_dir(tmp_path):
+    src = tmp_path / "empty"
+    src.mkdir()
+    shard = tmp_path / "e.shard"
+    proc = run("create", shard, src)
+    assert proc.returncode == 0, proc.stderr
+    assert "0 objects" in proc.stdout.decode()
+    assert ls_map(shard) == {}
+    info = info_map(shard)
+    assert info["objects_count"] == 0 and info["live_objects"] == 0
+    assert info["object_bytes"] == 0
+    for extra in ([], ["--hash"]):
+        proc = run("check", *extra, shard)
+        assert proc.returncode == 0, proc.stderr
+        assert "OK, 0 objects" in proc.stdout.decode()
+    assert_one_line_error(run("get", shard, sha256(b"").hex()), 1, contains="not found")
+    with shardfs.Shard(str(shard)) as s:
+        assert len(s) == 0 and list(s) == []
+
+
+def test_one_object_shard(tmp_path):
+    src = tmp_path / "one.txt"
+    src.write_bytes(b"just one")
+    shard = tmp_path / "1.shard"
+    assert run("create", shard, src).returncode == 0
+    key = sha256(b"just one").hex()
+    assert ls_map(shard) == {key: 8}
+    assert run("get", shard, key).stdout == b"just one"
+    assert info_map(shard)["live_objects"] == 1
+    assert run("check", "--hash", shard).returncode == 0
+
+
+def test_empty_object(tmp_path):
+    src = tmp_path / "zero"
+    src.write_bytes(b"")
+    shard = tmp_path / "z.shard"
+    assert run("create", shard, src).returncode == 0
+    key = sha256(b"").hex()
+    assert ls_map(shard) == {key: 0}
+    proc = run("get", shard, key)
+    assert proc.returncode == 0 and proc.stdout == b"" and proc.stderr == b""
+    assert run("check", "--hash", shard).returncode == 0
+    proc = run("delete", "--yes", shard, key)
+    assert proc.returncode == 0, proc.stderr
+    assert ls_map(shard) == {}
+
+
+# ------------------------------------------------------------ create failures
+
+
+def leftovers(directory: Path, shard: Path):
+    """Files next to `shard` that the writer may have left (temporaries)."""
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(shard.name))
+
+
+def test_create_nonexistent_source_leaves_nothing(tree, tmp_path):
+    src, _, _ = tree
+    shard = tmp_path / "n.shard"
+    proc = run("create", shard, src, tmp_path / "does-not-exist")
+    assert_one_line_error(proc, 1, contains="does-not-exist")
+    assert leftovers(tmp_path, shard) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs /proc/self/mem")
+def test_create_read_error_midway_leaves_nothing(tree, tmp_path):
+    # /proc/self/mem is a regular file whose read at offset 0 fails with EIO:
+    # a genuine read error after the writer has already stored objects.
+    src, _, _ = tree
+    shard = tmp_path / "r.shard"
+    proc = run("create", shard, src, "/proc/self/mem")
+    assert_one_line_error(proc, 1, contains="/proc/self/mem")
+    assert leftovers(tmp_path, shard) == []
+
+
+def test_create_refuses_to_overwrite_without_force(tree, tmp_path):
+    src, contents, _ = tree
+    shard = tmp_path / "x.shard"
+    shard.write_bytes(b"precious")
+    assert_one_line_error(run("create", shard, src), 1, contains="already exists")
+    assert shard.read_bytes() == b"precious"
+    proc = run("create", "--force", shard, src)
+    assert proc.returncode == 0, proc.stderr
+    assert set(ls_map(shard)) == {k.hex() for k in contents}
+
+
+def test_create_shard_inside_its_source_dir(tree):
+    src, contents, _ = tree
+    shard = src / "inside.shard"
+    assert run("create", shard, src).returncode == 0
+    assert set(ls_map(shard)) == {k.hex() for k in contents}
+    # again with --force: the old shard is not stored in the new one
+    assert run("create", "--force", shard, src).returncode == 0
+    assert set(ls_map(shard)) == {k.hex() for k in contents}
+
+
+def test_create_into_missing_directory(tree, tmp_path):
+    src, _, _ = tree
+    shard = tmp_path / "no" / "such" / "dir" / "s.shard"
+    assert_one_line_error(run("create", shard, src), 1)
+
+
+def test_ctrl_c_during_create_leaves_nothing(tree, tmp_path, monkeypatch, capsys):
+    # file_sha256 runs inside the writer for files > SMALL_FILE (tree has one)
+    src, _, _ = tree
+    shard = tmp_path / "c.shard"
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "file_sha256", interrupted)
+    assert cli.main(["create", str(shard), str(src)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "shardfs: interrupted"
+    assert leftovers(tmp_path, shard) == []
+
+
+# -------------------------------------------------------- errors, usage, help
+
+
+@pytest.mark.parametrize("command", ["info", "ls", "check"])
+def test_missing_shard_file(tmp_path, command):
+    proc = run(command, tmp_path / "nope.shard")
+    assert_one_line_error(proc, 1, contains="nope.shard")
+
+
+@pytest.mark.parametrize("command", ["info", "ls", "check"])
+def test_not_a_shard(tmp_path, command):
+    path = tmp_path / "text"
+    path.write_bytes(b"this is not a shard\n" * 100)
+    assert_one_line_error(run(command, path), 1)
+
+
+def test_directory_as_shard(tmp_path):
+    assert_one_line_error(run("info", tmp_path), 1)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["info"],
+        ["get", "x.shard"],
+        ["create", "x.shard"],
+        ["check", "--bogus", "x.shard"],
+        ["mount", "only-one-argument"],
+    ],
+)
+def test_usage_errors(argv):
+    assert_one_line_error(run(*argv), 2)
+
+
+COMMANDS = ["create", "info", "ls", "get", "check", "delete", "mount", "umount"]
+
+
+@pytest.mark.parametrize("command", [None] + COMMANDS)
+def test_help(command):
+    argv = ["--help"] if command is None else [command, "--help"]
+    proc = run(*argv)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.decode()
+    assert out.startswith("usage: shardfs")
+    assert "examples:" in out
+    if command is None:
+        for c in COMMANDS:
+            assert c in out
+
+
+def test_version():
+    proc = run("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.decode().startswith("shardfs ")
+
+
+def test_debug_shows_traceback(tmp_path):
+    proc = run("--debug", "info", tmp_path / "nope.shard")
+    assert proc.returncode == 1
+    assert b"Traceback" in proc.stderr
+    # --debug is accepted after the command name too
+    proc = run("info", "--debug", tmp_path / "nope.shard")
+    assert proc.returncode == 1 and b"Traceback" in proc.stderr
+
+
+def test_ls_into_a_closed_pipe(tmp_path):
+    """``shardfs ls X | head -1``: quiet exit once the reader is gone."""
+    shard = tmp_path / "many.shard"
+    with shardfs.ShardWriter(str(shard)) as w:
+        for i in range(5000):
+            data = str(i).encode()
+            w.add(sha256(data), data)
+    proc = subprocess.Popen(
+        SHARDFS + ["ls", str(shard)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    first = proc.stdout.readline()
+    assert len(first.split()) == 2
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=TIMEOUT)
+    proc.stderr.close()
+    assert err == b""
+    assert proc.returncode == cli.EXIT_BROKEN_PIPE
+
+
+# ---------------------------------------------------------------- in process
+
+
+def test_main_in_process(built, capsys):
+    shard, contents = built
+    assert cli.main(["ls", str(shard)]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == len(contents)
+    assert cli.main(["info", str(shard) + ".missing"]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+    assert cli.main(["get", str(shard), "xyz"]) == 2
+    assert cli.main(["--help"]) == 0
+
+
+def test_format_size():
+    assert cli.format_size(0) == "0 B"
+    assert cli.format_size(999) == "999 B"
+    assert cli.format_size(1000) == "1.0 kB"
+    assert cli.format_size(56_700_000) == "56.7 MB"
+    assert cli.format_size(10**18) == "1000.0 PB"
+
+
+def test_progress_bar_on_a_terminal(tree, tmp_path):
+    """With stderr on a terminal, create and check --hash draw a progress bar
+    there; stdout keeps the one summary line."""
+    src, contents, _ = tree
+    shard = tmp_path / "tty.shard"
+    for argv in (["create", str(shard), str(src)], ["check", "--hash", str(shard)]):
+        master, slave = pty.openpty()
+        try:
+            proc = subprocess.Popen(
+                SHARDFS + argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave
+            )
+            os.close(slave)
+            slave = None
+            out = proc.communicate(timeout=TIMEOUT)[0]
+            drawn = b""
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                drawn += chunk
+        finally:
+            if slave is not None:
+                os.close(slave)
+            os.close(master)
+        assert proc.returncode == 0, drawn
+        assert len(out.decode().splitlines()) == 1
+        assert b"Traceback" not in drawn
+        assert b"100%" in drawn, drawn
+    assert set(ls_map(shard)) == {k.hex() for k in contents}
+
+
+def _fuse_importable():
+    try:
+        from shardfs.fuse import mount  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _fuse_importable(), reason="shardfs.fuse (pyfuse3) not importable")
+def test_mount_and_umount_errors(built, tmp_path):
+    shard, _ = built
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    assert_one_line_error(run("mount", tmp_path / "missing.shard", mp), 1)
+    assert_one_line_error(run("mount", shard, tmp_path / "no-such-dir"), 1)
+    bad = tmp_path / "bad.shard"
+    bad.write_bytes(b"not a shard" * 100)
+    assert_one_line_error(run("mount", bad, mp), 1)
+    assert_one_line_error(run("umount", mp), 1)
+    assert not os.path.ismount(mp)

@@ -32,6 +32,11 @@ Header = namedtuple(
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
+def _key(key) -> bytes:
+    # Fast path of normalize_key for the common case: 32 raw bytes.
+    return key if type(key) is bytes and len(key) == KEY_SIZE else normalize_key(key)
+
+
 def normalize_key(key: Key) -> bytes:
     """Return ``key`` as 32 raw bytes.
 
@@ -110,11 +115,11 @@ class Shard:
         return self._reader.live_count()
 
     def __contains__(self, key: Key) -> bool:
-        return self._reader.locate(normalize_key(key)) is not None
+        return self._reader.locate(_key(key)) is not None
 
     def __getitem__(self, key: Key) -> bytes:
         """The object's bytes. KeyError when absent or deleted."""
-        raw = normalize_key(key)
+        raw = _key(key)
         data = self._reader.read(raw)
         if data is None:
             raise KeyError(raw.hex())
@@ -122,7 +127,7 @@ class Shard:
 
     def get(self, key: Key, default=None):
         """The object's bytes, or ``default`` when absent."""
-        data = self._reader.read(normalize_key(key))
+        data = self._reader.read(_key(key))
         return default if data is None else data
 
     def size(self, key: Key) -> int:
@@ -136,7 +141,7 @@ class Shard:
     def locate(self, key: Key) -> Optional[Tuple[int, int]]:
         """``(data_offset, size)``: absolute byte offset of the object's first
         byte in the shard file and its size in bytes; None when absent."""
-        return self._reader.locate(normalize_key(key))
+        return self._reader.locate(_key(key))
 
     def pread(self, data_offset: int, size: int, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of the object that starts at

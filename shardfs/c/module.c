@@ -194,6 +194,11 @@ static PyObject *copy_out(Reader *self, uint64_t off, uint64_t size)
     return out;
 }
 
+/* Objects up to this size are copied to a stack buffer inside the same
+ * GIL-released section as the lookup: one release per call instead of two
+ * (each release/acquire pair costs more than copying 16 KiB twice). */
+#define SMALL_OBJECT 16384
+
 /* read(key) -> bytes or None */
 static PyObject *Reader_read(Reader *self, PyObject *arg)
 {
@@ -201,14 +206,19 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     if (!reader_ready(self) || get_key(arg, key) < 0)
         return NULL;
     uint64_t off = 0, size = 0;
+    char small[SMALL_OBJECT];
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = sfs_lookup(self->shard, key, &off, &size);
+    if (rc == SFS_OK && size <= SMALL_OBJECT)
+        rc = sfs_read(self->shard, off, small, (size_t)size);
     Py_END_ALLOW_THREADS
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_NONE;
     if (rc != SFS_OK)
         return corrupt_slot(self, key);
+    if (size <= SMALL_OBJECT)
+        return PyBytes_FromStringAndSize(small, (Py_ssize_t)size);
     return copy_out(self, off, size);
 }
 

@@ -25,7 +25,7 @@ import logging
 import os
 import stat
 import sys
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger("shardfs")
 
@@ -118,7 +118,20 @@ def _progress_bar(**kwargs):
     """A tqdm progress bar on stderr, shown only when stderr is a terminal."""
     from tqdm import tqdm
 
-    return tqdm(disable=not sys.stderr.isatty(), file=sys.stderr, **kwargs)
+    disable = not sys.stderr.isatty()
+    size = {}  # by default tqdm asks the terminal
+    if not disable:
+        try:
+            columns, lines = os.get_terminal_size(sys.stderr.fileno())
+        except OSError:
+            columns = lines = 0
+        # A terminal of unknown size (0 x 0: `script`, a bare pty) would make
+        # tqdm draw nothing at all.
+        if columns <= 0:
+            size["ncols"] = 80
+        if lines <= 0:
+            size["nrows"] = 24
+    return tqdm(disable=disable, file=sys.stderr, **size, **kwargs)
 
 
 def _open_shard(path: str, writable: bool = False):
@@ -132,25 +145,47 @@ def _open_shard(path: str, writable: bool = False):
 
 
 def iter_source_files(
-    paths: Sequence[str], exclude: Optional[Tuple[int, int]] = None
+    paths: Sequence[str], shard: Optional[str] = None
 ) -> Iterator[Tuple[str, int]]:
-    """The regular files named by ``paths`` or found below them.
+    """The regular files named by ``paths`` or found below them, streamed
+    (memory does not grow with the number of files).
 
     A path given on the command line is followed if it is a symbolic link; in
     directories, walked recursively, symbolic links (to files or to
     directories) and special files are skipped with a debug message.
 
     :param paths: files and directories.
-    :param exclude: ``(st_dev, st_ino)`` of a file to leave out (the shard
-        being overwritten, if it lies in a source directory).
+    :param shard: the shard being written, left out if it lies in a source
+        directory: the file itself (when it exists, to be replaced) and the
+        writer's temporary files beside it (``.<name>.tmp-*``, and
+        ``<name>.tmp-*`` to be safe).
     :yields: ``(path, size in bytes)`` for each regular file, directories in
         sorted order so that a tree always gives the same shard.
     :raises OSError: a path that does not exist or a directory that cannot
         be listed.
     """
+    exclude = None
+    if shard is not None:
+        shard_dir = os.path.realpath(os.path.dirname(os.path.abspath(shard)))
+        base = os.path.basename(shard)
+        temp_prefixes = (f".{base}.tmp-", f"{base}.tmp-")
+        try:
+            st = os.stat(shard)
+            exclude = (st.st_dev, st.st_ino)
+        except OSError:
+            pass
 
-    def wanted(st: os.stat_result) -> bool:
-        return exclude is None or (st.st_dev, st.st_ino) != exclude
+    def wanted(path: str, st: os.stat_result) -> bool:
+        if shard is None:
+            return True
+        if exclude == (st.st_dev, st.st_ino):
+            return False
+        name = os.path.basename(path)
+        if name.startswith(temp_prefixes) and (
+            os.path.realpath(os.path.dirname(os.path.abspath(path))) == shard_dir
+        ):
+            return False
+        return True
 
     def walk_error(exc: OSError) -> None:
         raise exc
@@ -158,7 +193,7 @@ def iter_source_files(
     for top in paths:
         st = os.stat(top)
         if stat.S_ISREG(st.st_mode):
-            if wanted(st):
+            if wanted(top, st):
                 yield top, st.st_size
             continue
         if not stat.S_ISDIR(st.st_mode):
@@ -178,7 +213,7 @@ def iter_source_files(
                 if not stat.S_ISREG(st.st_mode):
                     logger.debug("%s: not a regular file, skipped", path)
                     continue
-                if wanted(st):
+                if wanted(path, st):
                     yield path, st.st_size
 
 
@@ -223,30 +258,22 @@ def cmd_create(args: argparse.Namespace) -> int:
     from shardfs import ShardWriter
 
     shard = args.shard
-    exclude = None
-    try:
-        st = os.stat(shard)
-    except FileNotFoundError:
-        pass
-    else:
-        if not args.force:
-            raise Failure(f"{shard}: already exists (use --force to replace it)")
-        if stat.S_ISREG(st.st_mode):
-            exclude = (st.st_dev, st.st_ino)
-
-    # List everything first: a missing source fails before anything is
-    # written, the progress bar knows the total, and the writer's temporary
-    # file (next to SHARD, maybe inside a source directory) is never picked up.
-    files = list(iter_source_files(args.paths, exclude))
-    total = sum(size for _, size in files)
-    logger.info("%d files, %s to read", len(files), format_size(total))
+    if os.path.lexists(shard) and not args.force:
+        raise Failure(f"{shard}: already exists (use --force to replace it)")
+    for top in args.paths:  # a missing source fails before anything is written
+        os.stat(top)
+    total = None
+    if sys.stderr.isatty():
+        # a first walk, for the progress bar's total
+        total = sum(size for _, size in iter_source_files(args.paths, shard))
+        logger.info("%s to read", format_size(total))
 
     duplicates = 0
     with _progress_bar(
         total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="create"
     ) as bar:
         with ShardWriter(shard) as writer:
-            for path, size in files:
+            for path, size in iter_source_files(args.paths, shard):
                 if size <= SMALL_FILE:
                     data = read_file(path)
                     key = hashlib.sha256(data).digest()

@@ -70,7 +70,11 @@ class Shard:
     def __init__(self, path: Union[str, os.PathLike], writable: bool = False):
         self.path = os.fspath(path)
         self._reader = _shardfs.Reader(self.path, writable)
-        self.mtime = os.stat(self.path).st_mtime  #: the file's mtime, seconds
+        try:
+            self.mtime = os.stat(self.path).st_mtime  #: the file's mtime, seconds
+        except OSError:
+            self._reader.close()
+            raise
 
     # -- context manager --------------------------------------------------
     def __enter__(self) -> "Shard":
@@ -192,7 +196,7 @@ class Shard:
 
         count, problems = self._reader.check(max_reports)
         if count > len(problems):
-            problems.append(f"... and {count - len(problems)} more problems")
+            problems.append(f"... and {count - len(problems)} more problems (not listed)")
         if hash and count == 0:
             total = self.header.objects_size
             done = 0

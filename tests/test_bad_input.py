@@ -464,3 +464,29 @@ def test_bad_keys_api(valid, tmp_path, key):
             s[key]
         with pytest.raises(ValueError):
             s.locate(key)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "char-device"])
+def test_not_a_file(tmp_path, kind):
+    """A FIFO, a directory or a character device given as the shard: a clean
+    error, never a hang (opening a FIFO for reading blocks until a writer
+    comes, unless opened with O_NONBLOCK)."""
+    if kind == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    elif kind == "directory":
+        path = tmp_path
+    else:
+        path = "/dev/zero"
+    for argv in (["info"], ["ls"], ["check"], ["get", "0" * 64]):
+        proc = subprocess.Popen(
+            SHARDFS + argv[:1] + [str(path)] + argv[1:],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        )
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"shardfs {argv[0]} {kind}: still running after {TIMEOUT} s")
+        check_cli(argv[0], (proc.returncode, out, err), must_fail=True)

@@ -423,14 +423,24 @@ def test_create_refuses_to_overwrite_without_force(tree, tmp_path):
     assert set(ls_map(shard)) == {k.hex() for k in contents}
 
 
-def test_create_shard_inside_its_source_dir(tree):
-    src, contents, _ = tree
+def test_create_shard_inside_its_source_dir(tmp_path):
+    """The writer's temporary file (created beside SHARD before the walk) and
+    the shard being replaced are not stored in the new shard. No empty file
+    in the source: an empty temporary file would pass for a duplicate."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    contents = {}
+    for i, name in enumerate(["a", "d/b", "z"]):
+        data = f"content {i}".encode() * 100
+        (src / name).write_bytes(data)
+        contents[sha256(data).hex()] = len(data)
     shard = src / "inside.shard"
     assert run("create", shard, src).returncode == 0
-    assert set(ls_map(shard)) == {k.hex() for k in contents}
+    assert ls_map(shard) == contents
     # again with --force: the old shard is not stored in the new one
     assert run("create", "--force", shard, src).returncode == 0
-    assert set(ls_map(shard)) == {k.hex() for k in contents}
+    assert ls_map(shard) == contents
+    assert sorted(p.name for p in src.iterdir()) == ["a", "d", "inside.shard", "z"]
 
 
 def test_create_into_missing_directory(tree, tmp_path):
@@ -617,3 +627,29 @@ def test_mount_and_umount_errors(built, tmp_path):
     assert_one_line_error(run("mount", bad, mp), 1)
     assert_one_line_error(run("umount", mp), 1)
     assert not os.path.ismount(mp)
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["add", "add_file"])
+def test_create_file_too_large_leaves_nothing(tmp_path, big):
+    """A write error in the writer (EFBIG under RLIMIT_FSIZE, like ENOSPC)
+    fails the command with one line and removes the temporary file."""
+    import resource
+
+    src = tmp_path / "src"
+    src.mkdir()
+    size = cli.SMALL_FILE + 1000 if big else 100_000
+    (src / "blob").write_bytes(random.Random(3).randbytes(size))
+    (src / "small").write_bytes(b"small")
+    out = tmp_path / "out"
+    out.mkdir()
+    shard = out / "f.shard"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, resource.RLIM_INFINITY))
+
+    proc = subprocess.run(
+        SHARDFS + ["create", str(shard), str(src)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=TIMEOUT, preexec_fn=limit,
+    )
+    assert_one_line_error(proc, 1)
+    assert list(out.iterdir()) == []

@@ -243,7 +243,19 @@ def big_mnt(big, module_mounter, tmp_path_factory):
     path, src, key = big
     point = tmp_path_factory.mktemp("bigmnt") / "m"
     module_mounter.mount(path, point)
+    evict_from_page_cache(path)  # reads must come from the device (worker threads)
     return point, src, key
+
+
+def evict_from_page_cache(path: os.PathLike) -> None:
+    """Drop the file's clean pages from the page cache (only this file), so
+    the filesystem's reads are cold and take the worker-thread path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------ reading
@@ -516,6 +528,47 @@ def test_concurrent_reads(mnt):
         assert all(pool.map(check, keys))
 
 
+def test_cold_cache_lookups_and_reads(corpus, mounter, tmp_path):
+    """With nothing of the shard in the page cache, lookups and reads take
+    the worker-thread path; the answers are the same."""
+    path, objects = corpus
+    point = mounter.mount(path, tmp_path / "m")
+    evict_from_page_cache(path)
+    for key, data in objects.items():
+        assert os.stat(point / key).st_size == len(data)
+    evict_from_page_cache(path)
+    for key, data in objects.items():
+        assert (point / key).read_bytes() == data
+
+
+@pytest.fixture
+def loop_device(corpus, tmp_path):
+    """The corpus shard at the start of a larger image, attached read-only
+    to a loop device (shards live on block devices in production)."""
+    if shutil.which("losetup") is None:
+        pytest.skip("needs losetup")
+    image = tmp_path / "disk.img"
+    shutil.copyfile(corpus[0], image)
+    with open(image, "ab") as f:
+        f.truncate(os.path.getsize(image) + (8 << 20))  # the device is larger than the shard
+    proc = run(["losetup", "--find", "--show", "--read-only", str(image)])
+    if proc.returncode != 0:
+        pytest.skip(f"cannot attach a loop device: {proc.stderr.strip()}")
+    dev = proc.stdout.strip()
+    yield dev
+    run(["losetup", "-d", dev])
+
+
+def test_shard_on_block_device(loop_device, corpus, mounter, tmp_path):
+    point = mounter.mount(Path(loop_device), tmp_path / "m")
+    objects = corpus[1]
+    assert sorted(os.listdir(point)) == sorted(objects)
+    for key, data in objects.items():
+        assert (point / key).read_bytes() == data
+    assert mount_info(point)["source"] == "shardfs:" + os.path.basename(loop_device)
+    run(SHARDFS + ["umount", str(point)], check=True)
+
+
 def test_statfs(mnt, corpus):
     point, objects = mnt
     sv = os.statvfs(point)
@@ -660,6 +713,18 @@ def test_foreground_log_file(corpus, mounter, tmp_path):
     assert "mounted" in text and "unmounted" in text
 
 
+def test_background_log_file_and_debug(corpus, mounter, tmp_path):
+    """The daemon logs to --log-file (DEBUG with --debug) until unmounted."""
+    log = tmp_path / "fuse.log"
+    point = mounter.mount(corpus[0], tmp_path / "m", "--debug", "--log-file", str(log))
+    key = sorted(corpus[1])[1]
+    assert (point / key).read_bytes() == corpus[1][key]
+    run(SHARDFS + ["umount", str(point)], check=True)
+    assert wait_until(lambda: "unmounted" in log.read_text())
+    text = log.read_text()
+    assert "mounted" in text and "serving" in text and "DEBUG" in text
+
+
 def test_umount_stale_mount(corpus, mounter, tmp_path):
     """A killed daemon leaves "Transport endpoint is not connected"; mount
     refuses that spot with a clear message and umount clears it."""
@@ -795,3 +860,107 @@ def test_deleted_object_is_absent(corpus, mounter, tmp_path):
     assert gone not in names
     assert names == set(objects) - {gone}
     assert not os.path.exists(point / gone)
+
+
+# ------------------------------------------- handlers, without the kernel
+
+
+def test_slow_read_does_not_stall_other_requests(corpus):
+    """A read waiting on a slow device runs in a worker thread: lookups and
+    getattrs keep being answered meanwhile."""
+    import trio
+
+    from shardfs.fuse.fs import ShardFS
+
+    path, objects = corpus
+    small = next(k for k, v in objects.items() if len(v) == 4096)
+    others = [k for k in objects if k != small][:50]
+
+    class SlowShard:
+        """The real shard, with a device that takes 0.5 s per read."""
+
+        def __init__(self, shard):
+            self._shard = shard
+
+        def __getattr__(self, name):
+            return getattr(self._shard, name)
+
+        def pread(self, *args):
+            time.sleep(0.5)
+            return self._shard.pread(*args)
+
+    with shardfs.Shard(str(path)) as real:
+        fs = ShardFS(SlowShard(real))
+        fs._cached.close()  # no page-cache fast path: every read is "cold"
+        done = {}
+
+        async def main():
+            attr = await fs.lookup(pyfuse3.ROOT_INODE, small.encode(), None)
+            fi = await fs.open(attr.st_ino, os.O_RDONLY, None)
+
+            async def slow_read():
+                done["data"] = await fs.read(fi.fh, 0, 4096)
+                done["read_at"] = trio.current_time()
+
+            async def other_requests():
+                for key in others:
+                    a = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
+                    assert a.st_size == len(objects[key])
+                    await fs.getattr(a.st_ino, None)
+                done["others_at"] = trio.current_time()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow_read)
+                await trio.sleep(0.01)
+                nursery.start_soon(other_requests)
+
+        trio.run(main)
+        fs.close()
+    assert done["data"] == objects[small]
+    assert done["others_at"] < done["read_at"]
+
+
+def test_handlers_bookkeeping(corpus):
+    """lookup counts, forget, negative entries and read-only answers."""
+    import trio
+
+    from shardfs.fuse.fs import CACHE_TIMEOUT, ShardFS
+
+    path, objects = corpus
+    key = sorted(objects)[0]
+    with shardfs.Shard(str(path)) as shard:
+        fs = ShardFS(shard)
+
+        async def main():
+            a1 = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
+            a2 = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
+            assert a1.st_ino == a2.st_ino == shard.slot_of(bytes.fromhex(key)) + 2
+            assert a1.entry_timeout >= CACHE_TIMEOUT and a1.attr_timeout >= CACHE_TIMEOUT
+            await fs.forget([(a1.st_ino, 1)])
+            assert (await fs.getattr(a1.st_ino, None)).st_size == len(objects[key])
+            await fs.forget([(a1.st_ino, 1)])
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await fs.getattr(a1.st_ino, None)
+            assert exc.value.errno == errno.ENOENT
+            for bad in (b"nothex", key.upper().encode(), key[:-1].encode(), hashlib.sha256(b"?").hexdigest().encode()):
+                neg = await fs.lookup(pyfuse3.ROOT_INODE, bad, None)
+                assert neg.st_ino == 0 and neg.entry_timeout >= CACHE_TIMEOUT
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await fs.getxattr(pyfuse3.ROOT_INODE, b"user.x", None)
+            assert exc.value.errno == errno.ENODATA
+            a = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
+            for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_APPEND):
+                with pytest.raises(pyfuse3.FUSEError) as exc:
+                    await fs.open(a.st_ino, flags, None)
+                assert exc.value.errno == errno.EROFS
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await fs.access(a.st_ino, os.W_OK, None)
+            assert exc.value.errno == errno.EROFS
+            assert await fs.access(a.st_ino, os.R_OK, None)
+            for name in ("setattr", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "create", "write", "setxattr", "removexattr"):
+                with pytest.raises(pyfuse3.FUSEError) as exc:
+                    await getattr(fs, name)(1, b"x", b"y", None, None, None)
+                assert exc.value.errno == errno.EROFS, name
+
+        trio.run(main)
+        fs.close()

@@ -176,7 +176,9 @@ int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err
     s->fd = -1;
     s->writable = writable;
     int rc;
-    s->fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; the file type
+     * is checked right after, and the flag cleared for the rest. */
+    s->fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NONBLOCK);
     if (s->fd < 0) {
         rc = sfs_fail(err, SFS_EIO, errno, "%s: %s", path, strerror(errno));
         goto fail;
@@ -184,6 +186,7 @@ int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err
     int is_blk;
     if ((rc = sfs_fd_size(s->fd, path, &s->file_size, &is_blk, err)) != SFS_OK)
         goto fail;
+    fcntl(s->fd, F_SETFL, fcntl(s->fd, F_GETFL) & ~O_NONBLOCK);
     if (s->file_size < SFS_HEADER_END) {
         rc = CORRUPT("%s: truncated: %llu bytes, smaller than the 88-byte header", path,
                      (unsigned long long)s->file_size);

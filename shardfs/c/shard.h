@@ -146,7 +146,7 @@ int sfs_delete(sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE], sfs_error_t 
 typedef struct sfs_writer sfs_writer_t;
 
 /* Start a shard to be published at `path`. Objects are written to a
- * temporary file `<path>.tmp-XXXXXX` in the same directory; nothing appears at
+ * temporary file `.<name>.tmp-XXXXXX` in the same directory; nothing appears at
  * `path` until sfs_writer_finish() succeeds (then by rename). When `path` is a
  * block device, the device is written in place instead. */
 int sfs_writer_open(const char *path, sfs_writer_t **out, sfs_error_t *err);

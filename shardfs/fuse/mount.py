@@ -251,9 +251,9 @@ def serve(
 ) -> int:
     """Mount `shards` on `mountpoint` and serve until unmounted or signalled.
 
-    SIGINT, SIGTERM and SIGHUP end the main loop gracefully (a second one
-    cancels requests still running); the filesystem is unmounted on the way
-    out whatever happens. When `ready_fd` is given, "ok\\n" is written to it
+    SIGINT, SIGTERM and SIGHUP (unless ignored, as the daemon does) end the
+    main loop gracefully (a second one cancels requests still running); the
+    filesystem is unmounted on the way out whatever happens. When `ready_fd` is given, "ok\\n" is written to it
     once the mount answers a stat, or "error: <message>\\n" if mounting
     failed, and it is closed; `on_ready` is called just before "ok" is
     written. Returns the exit status (0 = clean unmount).
@@ -267,6 +267,7 @@ def serve(
     try:
         pyfuse3.init(fs, mountpoint, set(options))
     except RuntimeError as exc:
+        fs.close()
         message = f"cannot mount on {mountpoint}: libfuse refused ({exc}); check the -o options"
         _report(ready_fd, "error: " + message)
         raise _shard_error(message) from None
@@ -275,18 +276,19 @@ def serve(
     status = 0
     try:
         trio.run(_main, mountpoint, ready_fd, on_ready)
-    except BaseException as exc:
-        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            log.exception("filesystem main loop failed")
-            status = 1
+    except (KeyboardInterrupt, SystemExit):
+        _report(ready_fd, "error: interrupted")
+        raise  # after the unmount below
+    except Exception as exc:
+        log.exception("filesystem main loop failed")
         _report(ready_fd, f"error: filesystem main loop failed: {exc}")
-        if isinstance(exc, SystemExit):
-            raise
+        status = 1
     finally:
         try:
             pyfuse3.close(unmount=True)
         except Exception:  # pragma: no cover - close() only logs in practice
             log.exception("pyfuse3.close failed")
+        fs.close()
     log.info("unmounted %s", mountpoint)
     return status
 
@@ -304,7 +306,10 @@ async def _main(mountpoint: str, ready_fd: Optional[int], on_ready: Optional[Cal
             nursery.cancel_scope.cancel()
 
         async def watch_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            signums = [signal.SIGINT, signal.SIGTERM]
+            if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+                signums.append(signal.SIGHUP)  # foreground: the terminal went away
+            with trio.open_signal_receiver(*signums) as signals:
                 count = 0
                 async for signum in signals:
                     count += 1

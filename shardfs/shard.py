@@ -147,6 +147,21 @@ class Shard:
         byte in the shard file and its size in bytes; None when absent."""
         return self._reader.locate(_key(key))
 
+    def find(self, key: Key, nowait: bool = False) -> Optional[Tuple[int, int, int]]:
+        """``(slot, data_offset, size)`` of a live key, None when absent.
+
+        With ``nowait=True`` the index slot and size field are read from the
+        page cache only (preadv2 RWF_NOWAIT): the call never waits for the
+        device, and raises BlockingIOError when a byte is not cached (then
+        call again without nowait, from a thread that may block).
+        """
+        return self._reader.find(_key(key), nowait)
+
+    def try_pread(self, data_offset: int, size: int, offset: int, length: int) -> bytes:
+        """pread() from the page cache only: never waits for the device;
+        BlockingIOError when a byte of the range is not cached."""
+        return self._reader.try_pread(data_offset, size, offset, length)
+
     def pread(self, data_offset: int, size: int, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of the object that starts at
         ``data_offset`` and has ``size`` bytes (as given by locate), clipped

@@ -222,6 +222,67 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     return copy_out(self, off, size);
 }
 
+/* find(key, nowait=False) -> (slot, data_offset, size) or None.
+ * nowait: answer from the page cache only (no GIL release: it cannot block),
+ * raising BlockingIOError when a byte is not cached. */
+static PyObject *Reader_find(Reader *self, PyObject *args)
+{
+    PyObject *key_obj;
+    int nowait = 0;
+    uint8_t key[SFS_KEY_SIZE];
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "O|p", &key_obj, &nowait) ||
+        get_key(key_obj, key) < 0)
+        return NULL;
+    uint64_t off = 0, size = 0;
+    uint32_t slot = 0;
+    int rc;
+    if (nowait) {
+        rc = sfs_lookup_nowait(self->shard, key, &slot, &off, &size);
+        if (rc == SFS_EAGAIN) {
+            PyErr_SetString(PyExc_BlockingIOError, "not in the page cache");
+            return NULL;
+        }
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = sfs_lookup(self->shard, key, &off, &size);
+        slot = sfs_slot_of(self->shard, key);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc != SFS_OK)
+        return corrupt_slot(self, key);
+    return Py_BuildValue("(kKK)", (unsigned long)slot, (unsigned long long)off,
+                         (unsigned long long)size);
+}
+
+/* try_pread(data_offset, size, offset, length) -> bytes from the page cache
+ * only, clipped to the object; BlockingIOError when not all cached. */
+static PyObject *Reader_try_pread(Reader *self, PyObject *args)
+{
+    unsigned long long data_offset, size, offset, length;
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KKKK", &data_offset, &size, &offset, &length))
+        return NULL;
+    if (offset >= size)
+        return PyBytes_FromStringAndSize(NULL, 0);
+    if (length > size - offset)
+        length = size - offset;
+    if (length > (unsigned long long)PY_SSIZE_T_MAX)
+        return PyErr_NoMemory();
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+    if (!out)
+        return NULL;
+    int rc = sfs_read_nowait(self->shard, data_offset + offset, PyBytes_AS_STRING(out), (size_t)length);
+    if (rc == SFS_OK)
+        return out;
+    Py_DECREF(out);
+    if (rc == SFS_EAGAIN)
+        PyErr_SetString(PyExc_BlockingIOError, "not in the page cache");
+    else
+        PyErr_Format(ShardError, "%s: read outside the objects section", sfs_path(self->shard));
+    return NULL;
+}
+
 /* pread(data_offset, size, offset, length) -> bytes, clipped to the object */
 static PyObject *Reader_pread(Reader *self, PyObject *args)
 {
@@ -394,6 +455,12 @@ static PyMethodDef Reader_methods[] = {
     {"read", (PyCFunction)Reader_read, METH_O, "read(key32) -> bytes, or None when absent."},
     {"pread", (PyCFunction)Reader_pread, METH_VARARGS,
      "pread(data_offset, size, offset, length) -> bytes of an object, clipped to its end."},
+    {"find", (PyCFunction)Reader_find, METH_VARARGS,
+     "find(key32, nowait=False) -> (slot, data_offset, size) or None; with nowait, "
+     "BlockingIOError when the slot or size is not in the page cache."},
+    {"try_pread", (PyCFunction)Reader_try_pread, METH_VARARGS,
+     "try_pread(data_offset, size, offset, length) -> bytes from the page cache only; "
+     "BlockingIOError otherwise."},
     {"slot_of", (PyCFunction)Reader_slot_of, METH_O, "slot_of(key32) -> slot the key hashes to."},
     {"slot", (PyCFunction)Reader_slot, METH_O,
      "slot(i) -> (key32, data_offset, size) for a live slot, None for an empty one."},

@@ -21,6 +21,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 struct sfs_shard {
@@ -35,6 +36,7 @@ struct sfs_shard {
     const uint8_t *map;
     sfs_chd_t chd;
     uint64_t live;        /* cached live count + 1; 0 = not counted yet */
+    int no_nowait;        /* preadv2(RWF_NOWAIT) unsupported here */
 };
 
 static inline uint64_t be64(const uint8_t *p)
@@ -62,6 +64,7 @@ const char *sfs_strstatus(int status)
     case SFS_ENOMEM: return "out of memory";
     case SFS_ELIMIT: return "too many keys";
     case SFS_EHASH: return "perfect hash build failed";
+    case SFS_EAGAIN: return "not in the page cache";
     default: return "unknown error";
     }
 }
@@ -232,8 +235,12 @@ int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err
         goto fail;
     }
     s->map = m;
-    /* Random lookups: do not read ahead objects and index. */
+    /* Random lookups: do not read ahead objects and index. Every lookup
+     * evaluates the hash: start reading it now. */
     madvise((void *)s->map, s->extent, MADV_RANDOM);
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t hash_page = s->header.hash_position & ~(page - 1);
+    madvise((void *)(s->map + hash_page), s->extent - hash_page, MADV_WILLNEED);
     char why[256];
     if (sfs_chd_parse(&s->chd, s->map + s->header.hash_position, dump, why, sizeof(why)) < 0) {
         rc = CORRUPT("%s: %s", path, why);
@@ -316,6 +323,57 @@ int sfs_lookup(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint64_t *
     if (offset == SFS_EMPTY_OFFSET || memcmp(p, key, SFS_KEY_SIZE) != 0)
         return SFS_ENOTFOUND;
     return resolve(s, offset, data_offset, size);
+}
+
+/* Copy from the page cache only (preadv2 RWF_NOWAIT). */
+static int read_nowait(const sfs_shard_t *s, void *dst, size_t length, uint64_t offset)
+{
+    if (length == 0)
+        return SFS_OK;
+#ifdef RWF_NOWAIT
+    if (__atomic_load_n(&s->no_nowait, __ATOMIC_RELAXED))
+        return SFS_EAGAIN;
+    struct iovec iov = {dst, length};
+    ssize_t n = preadv2(s->fd, &iov, 1, (off_t)offset, RWF_NOWAIT);
+    if (n == (ssize_t)length)
+        return SFS_OK;
+    if (n < 0 && (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL))
+        __atomic_store_n((int *)&s->no_nowait, 1, __ATOMIC_RELAXED);
+#endif
+    return SFS_EAGAIN;
+}
+
+int sfs_lookup_nowait(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
+                      uint64_t *data_offset, uint64_t *size)
+{
+    *slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
+    if (*slot >= s->slots)
+        return SFS_ECORRUPT;
+    uint8_t raw[SFS_SLOT_SIZE], be[8];
+    int rc = read_nowait(s, raw, sizeof(raw), s->header.index_position + *slot * (uint64_t)SFS_SLOT_SIZE);
+    if (rc != SFS_OK)
+        return rc;
+    uint64_t offset = be64(raw + SFS_KEY_SIZE);
+    if (offset == SFS_EMPTY_OFFSET || memcmp(raw, key, SFS_KEY_SIZE) != 0)
+        return SFS_ENOTFOUND;
+    if (offset < s->header.objects_position || offset > s->objects_end ||
+        s->objects_end - offset < 8)
+        return SFS_ECORRUPT;
+    if ((rc = read_nowait(s, be, 8, offset)) != SFS_OK)
+        return rc;
+    uint64_t n = be64(be);
+    if (n > s->objects_end - offset - 8)
+        return SFS_ECORRUPT;
+    *data_offset = offset + 8;
+    *size = n;
+    return SFS_OK;
+}
+
+int sfs_read_nowait(const sfs_shard_t *s, uint64_t offset, void *dst, size_t length)
+{
+    if (!sfs_data(s, offset, length))
+        return SFS_EINVAL;
+    return read_nowait(s, dst, length, offset);
 }
 
 int sfs_slot_object(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE],

@@ -54,6 +54,7 @@ typedef enum sfs_status {
     SFS_ENOMEM = -6,     /* allocation failed */
     SFS_ELIMIT = -7,     /* more keys than cmph can hash (2^32 - 2) */
     SFS_EHASH = -8,      /* cmph could not build the perfect hash */
+    SFS_EAGAIN = -9,     /* _nowait: the bytes are not all in the page cache */
 } sfs_status;
 
 typedef struct sfs_error {
@@ -110,6 +111,18 @@ uint64_t sfs_slot_get(const sfs_shard_t *shard, uint64_t slot, uint8_t key_out[S
  * or the size field point outside the objects section. */
 int sfs_lookup(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE],
                uint64_t *data_offset, uint64_t *size);
+
+/* sfs_lookup that never waits for the device: the slot and the size field
+ * are read with preadv2(RWF_NOWAIT), which copies from the page cache or
+ * fails at once. Also gives the slot. SFS_EAGAIN when a byte is not cached
+ * (or the kernel cannot tell): retry with sfs_lookup in a thread that may
+ * block. Other results as sfs_lookup. */
+int sfs_lookup_nowait(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
+                      uint64_t *data_offset, uint64_t *size);
+
+/* sfs_read from the page cache only: SFS_EAGAIN unless every byte is
+ * cached; SFS_EINVAL outside the objects section. */
+int sfs_read_nowait(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t length);
 
 /* Resolve a raw slot as sfs_lookup does, without the hash (for iteration
  * and checks). SFS_ENOTFOUND for an empty slot, SFS_ECORRUPT when out of

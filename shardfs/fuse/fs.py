@@ -16,9 +16,10 @@ Why the handlers look the way they do (see docs/design.md, section 4):
   `trio.to_thread.run_sync` with a `trio.CapacityLimiter`, so a cold read on
   a slow device (HDD, Ceph) does not stall the other requests; the Shard
   methods release the GIL. A thread round trip costs more than the rest of
-  the request, so lookups and reads first try ``preadv(RWF_NOWAIT)``, which
-  answers from the page cache or fails at once, and only go to a thread
-  when the bytes are not cached (see `_CachedReader`).
+  the request, so lookups and reads first ask the C core for an answer from
+  the page cache only (``Shard.find(nowait=True)``, ``Shard.try_pread``:
+  preadv2 with RWF_NOWAIT, which fails at once instead of waiting), and
+  only go to a thread when the bytes are not cached.
 * Shards are immutable, so every answer is cached by the kernel as long as
   it allows: very long entry and attribute timeouts, negative entries
   (``st_ino = 0``) for names that do not exist, and ``keep_cache`` on open.
@@ -63,11 +64,6 @@ DEFAULT_IO_THREADS = 16
 
 #: Directory entries fetched from the shard per worker-thread round trip.
 READDIR_BATCH = 1024
-
-#: Offset stored in an empty or deleted index slot.
-_EMPTY_OFFSET = (1 << 64) - 1
-#: `_resolve_cached` could not answer without blocking.
-_SLOW_PATH = object()
 
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
 
@@ -122,52 +118,6 @@ class _DirHandle:
         #: (slot, key, data_offset, size) in slot order.
         self.pending: Deque[Tuple[int, bytes, int, int]] = collections.deque()
         self.next_id = 0
-
-
-class _CachedReader:
-    """Reads shard bytes only if they are in the page cache, never blocking.
-
-    Uses ``preadv(..., RWF_NOWAIT)`` on a file descriptor of its own: the
-    kernel copies the bytes if every page is cached and fails with EAGAIN
-    instead of going to the device. Handlers try this inline first and only
-    pay for a worker thread (measured here: 2-3x the cost of the whole
-    request) when the data must come from the device. Disables itself where
-    the kernel or the filesystem does not support RWF_NOWAIT.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.fd: Optional[int] = None
-        if not (hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")):
-            return
-        try:
-            self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            log.debug("no RWF_NOWAIT fast path for %s: %s", path, exc)
-
-    def read(self, offset: int, length: int) -> Optional[bytearray]:
-        """`length` bytes at absolute `offset`, or None if any of them is
-        not cached (or on any error: the caller then takes the slow path,
-        which reports real errors)."""
-        if self.fd is None:
-            return None
-        buf = bytearray(length)
-        try:
-            n = os.preadv(self.fd, [buf], offset, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return None
-        except OSError as exc:
-            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                log.debug("RWF_NOWAIT unsupported here (%s): always using threads", exc)
-                self.close()
-            return None
-        if n != length:
-            return None  # partly cached: let the slow path read it all
-        return buf
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def _handler(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,15 +184,10 @@ class ShardFS(pyfuse3.Operations):
         self._gid = os.getgid()
         self._time_ns = _ns(self._shard.mtime)
         self._live: Optional[int] = None
-        header = self._shard.header
-        self._index_position = header.index_position
-        self._objects_start = header.objects_position
-        self._objects_end = header.objects_position + header.objects_size
-        self._cached = _CachedReader(self._shard.path)
 
     def close(self) -> None:
-        """Release what the filesystem opened itself (not the shards)."""
-        self._cached.close()
+        """Release what the filesystem opened itself (nothing so far; the
+        shards belong to the caller)."""
 
     # ------------------------------------------------------------ helpers
 
@@ -304,41 +249,6 @@ class ShardFS(pyfuse3.Operations):
         entry.nlookup += 1
         return entry
 
-    def _resolve(self, key: bytes) -> Optional[Tuple[int, int, int]]:
-        """(slot, data_offset, size) of a live key, else None (worker thread)."""
-        found = self._shard.locate(key)
-        if found is None:
-            return None
-        data_offset, size = found
-        return self._shard.slot_of(key), data_offset, size
-
-    def _resolve_cached(self, key: bytes) -> Any:
-        """Lookup from the page cache only, in the calling thread.
-
-        Returns (slot, data_offset, size), None when the key is absent, or
-        _SLOW_PATH when a byte needed is not cached or anything looks odd
-        (then `_resolve`, in a worker thread, decides). Follows the format's
-        lookup: the key's slot in the index (32-byte key, big-endian u64
-        offset of the size field; 2^64-1 = empty), then the big-endian u64
-        size.
-        """
-        slot = self._shard.slot_of(key)
-        raw = self._cached.read(self._index_position + slot * 40, 40)
-        if raw is None:
-            return _SLOW_PATH
-        offset = int.from_bytes(raw[32:40], "big")
-        if offset == _EMPTY_OFFSET or raw[:32] != key:
-            return None
-        if not self._objects_start <= offset <= self._objects_end - 8:
-            return _SLOW_PATH
-        raw = self._cached.read(offset, 8)
-        if raw is None:
-            return _SLOW_PATH
-        size = int.from_bytes(raw, "big")
-        if size > self._objects_end - offset - 8:
-            return _SLOW_PATH
-        return slot, offset + 8, size
-
     def _entry(self, inode: int) -> _Inode:
         entry = self._inodes.get(inode)
         if entry is None:
@@ -375,9 +285,10 @@ class ShardFS(pyfuse3.Operations):
         key = parse_name(name)
         if key is None:
             return self._negative_entry()
-        found = self._resolve_cached(key)
-        if found is _SLOW_PATH:
-            found = await self._io(self._resolve, key)
+        try:
+            found = self._shard.find(key, nowait=True)
+        except BlockingIOError:
+            found = await self._io(self._shard.find, key)
         if found is None:
             return self._negative_entry()
         slot, data_offset, size = found
@@ -438,10 +349,10 @@ class ShardFS(pyfuse3.Operations):
         entry = self._entry(fh)
         if off >= entry.size or size <= 0:
             return b""
-        data = self._cached.read(entry.data_offset + off, min(size, entry.size - off))
-        if data is not None:
-            return data
-        return await self._io(self._shard.pread, entry.data_offset, entry.size, off, size)
+        try:
+            return self._shard.try_pread(entry.data_offset, entry.size, off, size)
+        except BlockingIOError:
+            return await self._io(self._shard.pread, entry.data_offset, entry.size, off, size)
 
     async def flush(self, fh: int) -> None:
         """Nothing to flush: returns None."""

@@ -169,6 +169,53 @@ static void test_round_trip(uint64_t n)
     free(p);
 }
 
+/* The page-cache-only path agrees with the blocking one when data is
+ * cached, and answers SFS_EAGAIN instead of waiting once it is evicted. */
+static void test_nowait(void)
+{
+    uint64_t n = 2000;
+    uint8_t(*keys)[32] = malloc(n * 32);
+    char *p = strdup(path_of("nowait.shard"));
+    CHECK(build(p, n, keys) == 0, "build");
+    sfs_shard_t *s;
+    sfs_error_t err;
+    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
+    uint64_t same = 0, eagain = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t off1, size1, off2 = 0, size2 = 0;
+        uint32_t slot;
+        sfs_lookup(s, keys[i], &off1, &size1);
+        int rc = sfs_lookup_nowait(s, keys[i], &slot, &off2, &size2);
+        same += rc == SFS_OK && off1 == off2 && size1 == size2 && slot == sfs_slot_of(s, keys[i]);
+        uint8_t buf[512];
+        same += sfs_read_nowait(s, off1, buf, size1) == SFS_OK;
+    }
+    CHECK(same == 2 * n, "nowait agrees with lookup on cached data (%llu of %llu)",
+          (unsigned long long)same, (unsigned long long)(2 * n));
+    uint8_t absent[32];
+    rand_key(absent);
+    uint64_t off, size;
+    uint32_t slot;
+    CHECK(sfs_lookup_nowait(s, absent, &slot, &off, &size) == SFS_ENOTFOUND, "absent");
+    sfs_close(s);
+    /* Evict the file (not mapped now), reopen: slots must not be read. */
+    int fd = open(p, O_RDONLY);
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "reopen");
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t o, z;
+        uint32_t sl;
+        eagain += sfs_lookup_nowait(s, keys[i], &sl, &o, &z) == SFS_EAGAIN;
+    }
+    CHECK(eagain > 0, "evicted data gives SFS_EAGAIN (%llu of %llu)", (unsigned long long)eagain,
+          (unsigned long long)n);
+    sfs_close(s);
+    free(keys);
+    free(p);
+}
+
 static void test_duplicate(void)
 {
     sfs_writer_t *w;
@@ -399,6 +446,7 @@ int main(void)
     uint64_t sizes[] = {0, 1, 2, 3, 127, 128, 129, 1000, 100000};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         test_round_trip(sizes[i]);
+    test_nowait();
     test_duplicate();
     test_abort_leaves_nothing();
     test_delete();

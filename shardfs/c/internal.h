@@ -13,4 +13,8 @@ int sfs_fail(sfs_error_t *err, int status, int sys_errno, const char *fmt, ...)
  * set for a block device. SFS_EINVAL for any other kind of file. */
 int sfs_fd_size(int fd, const char *path, uint64_t *size, int *is_blk, sfs_error_t *err);
 
+/* pwrite all `len` bytes at `offset`, retrying on EINTR and short writes.
+ * 0, or -1 with errno set (ENOSPC when the device takes no more bytes). */
+int sfs_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset);
+
 #endif

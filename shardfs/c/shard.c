@@ -467,7 +467,7 @@ uint64_t sfs_check(sfs_shard_t *s, void (*report)(void *ctx, const char *message
     return problems;
 }
 
-static int pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
+int sfs_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
 {
     const uint8_t *p = buf;
     while (len) {
@@ -475,6 +475,10 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
+            return -1;
+        }
+        if (n == 0) {
+            errno = ENOSPC;
             return -1;
         }
         p += n;
@@ -504,7 +508,7 @@ int sfs_delete(sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], sfs_error_t *err
     uint64_t left = size, at = doff;
     while (left) {
         size_t chunk = left < sizeof(zeros) ? (size_t)left : sizeof(zeros);
-        if (pwrite_all(s->fd, zeros, chunk, at) < 0)
+        if (sfs_pwrite_all(s->fd, zeros, chunk, at) < 0)
             goto io;
         left -= chunk;
         at += chunk;
@@ -513,10 +517,10 @@ int sfs_delete(sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], sfs_error_t *err
         goto io;
     uint8_t empty[SFS_SLOT_SIZE] = {0};
     put_be64(empty + SFS_KEY_SIZE, SFS_EMPTY_OFFSET);
-    if (pwrite_all(s->fd, empty, sizeof(empty),
+    if (sfs_pwrite_all(s->fd, empty, sizeof(empty),
                    s->header.index_position + (uint64_t)slot * SFS_SLOT_SIZE) < 0)
         goto io;
-    if (pwrite_all(s->fd, zeros, 8, doff - 8) < 0)
+    if (sfs_pwrite_all(s->fd, zeros, 8, doff - 8) < 0)
         goto io;
     if (fdatasync(s->fd) < 0 && errno != EINVAL)
         goto io;

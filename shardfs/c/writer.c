@@ -101,29 +101,9 @@ static int io_fail(sfs_writer_t *w, sfs_error_t *err, const char *what)
     return sfs_fail(err, SFS_EIO, e, "%s: %s: %s", w->path, what, strerror(e));
 }
 
-static int write_all(int fd, const uint8_t *p, size_t len, uint64_t offset)
-{
-    while (len) {
-        ssize_t n = pwrite(fd, p, len, (off_t)offset);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (n == 0) {
-            errno = ENOSPC;
-            return -1;
-        }
-        p += n;
-        len -= (size_t)n;
-        offset += (uint64_t)n;
-    }
-    return 0;
-}
-
 static int flush(sfs_writer_t *w)
 {
-    if (w->buf_len && write_all(w->fd, w->buf, w->buf_len, w->flushed) < 0)
+    if (w->buf_len && sfs_pwrite_all(w->fd, w->buf, w->buf_len, w->flushed) < 0)
         return -1;
     w->flushed += w->buf_len;
     w->buf_len = 0;
@@ -141,7 +121,7 @@ static int append(sfs_writer_t *w, const void *data, size_t len)
     if (flush(w) < 0)
         return -1;
     if (len >= BUFFER_SIZE) {
-        if (write_all(w->fd, p, len, w->flushed) < 0)
+        if (sfs_pwrite_all(w->fd, p, len, w->flushed) < 0)
             return -1;
         w->flushed += len;
         return 0;
@@ -265,17 +245,32 @@ static void commit_object(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], uint
     w->bytes += size;
 }
 
-int sfs_writer_add(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], const void *data,
-                   uint64_t size, sfs_error_t *err)
+/* Check the key and append the object's big-endian size field; on failure
+ * nothing is left appended. Returns the object's start offset in *start. */
+static int begin_append(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], uint64_t size,
+                        uint64_t *start, sfs_error_t *err)
 {
     int rc = begin_object(w, key, err);
     if (rc != SFS_OK)
         return rc;
-    uint64_t start = pos(w);
-    uint8_t be[8];
-    uint64_t v = __builtin_bswap64(size);
-    memcpy(be, &v, 8);
-    if (append(w, be, 8) < 0 || append(w, data, (size_t)size) < 0) {
+    *start = pos(w);
+    uint64_t be = __builtin_bswap64(size);
+    if (append(w, &be, 8) < 0) {
+        rc = io_fail(w, err, "writing an object");
+        rollback(w, *start);
+        return rc;
+    }
+    return SFS_OK;
+}
+
+int sfs_writer_add(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], const void *data,
+                   uint64_t size, sfs_error_t *err)
+{
+    uint64_t start;
+    int rc = begin_append(w, key, size, &start, err);
+    if (rc != SFS_OK)
+        return rc;
+    if (append(w, data, (size_t)size) < 0) {
         rc = io_fail(w, err, "writing an object");
         rollback(w, start);
         return rc;
@@ -287,18 +282,10 @@ int sfs_writer_add(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], const void 
 int sfs_writer_add_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, uint64_t size,
                       sfs_error_t *err)
 {
-    int rc = begin_object(w, key, err);
+    uint64_t start;
+    int rc = begin_append(w, key, size, &start, err);
     if (rc != SFS_OK)
         return rc;
-    uint64_t start = pos(w);
-    uint8_t be[8];
-    uint64_t v = __builtin_bswap64(size);
-    memcpy(be, &v, 8);
-    if (append(w, be, 8) < 0) {
-        rc = io_fail(w, err, "writing an object");
-        rollback(w, start);
-        return rc;
-    }
     uint64_t left = size;
     while (left) {
         /* Read straight into the write buffer; flush when full. */
@@ -455,7 +442,7 @@ static int finish(sfs_writer_t *w, sfs_error_t *err)
         uint64_t v = __builtin_bswap64(fields[i]);
         memcpy(head + SFS_MAGIC_SIZE + 8 * i, &v, 8);
     }
-    if (write_all(w->fd, head, sizeof(head), 0) < 0) {
+    if (sfs_pwrite_all(w->fd, head, sizeof(head), 0) < 0) {
         rc = io_fail(w, err, "writing the header");
         goto out;
     }

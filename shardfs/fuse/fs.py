@@ -198,31 +198,16 @@ class ShardFS(pyfuse3.Operations):
             self._limiter = trio.CapacityLimiter(self._io_threads)
         return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self._limiter)
 
-    def _root_attr(self) -> pyfuse3.EntryAttributes:
-        attr = pyfuse3.EntryAttributes()
-        attr.st_ino = ROOT_INODE
-        attr.generation = 0
-        attr.entry_timeout = CACHE_TIMEOUT
-        attr.attr_timeout = CACHE_TIMEOUT
-        attr.st_mode = stat.S_IFDIR | 0o555
-        attr.st_nlink = 2
-        attr.st_uid = self._uid
-        attr.st_gid = self._gid
-        attr.st_rdev = 0
-        attr.st_size = 0
-        attr.st_blksize = 4096
-        attr.st_blocks = 0
-        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = self._time_ns
-        return attr
-
-    def _file_attr(self, inode: int, size: int) -> pyfuse3.EntryAttributes:
+    def _attr(self, inode: int, mode: int, nlink: int, size: int) -> pyfuse3.EntryAttributes:
+        """Attributes of an inode: owned by the mounting user, timed by the
+        shard file's mtime, cached by the kernel for CACHE_TIMEOUT."""
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = inode
         attr.generation = 0
         attr.entry_timeout = CACHE_TIMEOUT
         attr.attr_timeout = CACHE_TIMEOUT
-        attr.st_mode = stat.S_IFREG | 0o444
-        attr.st_nlink = 1
+        attr.st_mode = mode
+        attr.st_nlink = nlink
         attr.st_uid = self._uid
         attr.st_gid = self._gid
         attr.st_rdev = 0
@@ -231,6 +216,12 @@ class ShardFS(pyfuse3.Operations):
         attr.st_blocks = (size + 511) // 512
         attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = self._time_ns
         return attr
+
+    def _root_attr(self) -> pyfuse3.EntryAttributes:
+        return self._attr(ROOT_INODE, stat.S_IFDIR | 0o555, 2, 0)
+
+    def _file_attr(self, inode: int, size: int) -> pyfuse3.EntryAttributes:
+        return self._attr(inode, stat.S_IFREG | 0o444, 1, size)
 
     @staticmethod
     def _negative_entry() -> pyfuse3.EntryAttributes:

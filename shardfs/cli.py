@@ -62,14 +62,14 @@ def parse_key(text: str) -> bytes:
     :returns: the key as 32 raw bytes.
     :raises UsageError: for anything else.
     """
-    if len(text) != 64:
-        raise UsageError(f"{text!r}: not a key (expected 64 hexadecimal digits)")
+    from shardfs import normalize_key
+
     try:
-        return bytes.fromhex(text)
+        if len(text) != 64:  # 32 raw bytes are no command-line key
+            raise ValueError(text)
+        return normalize_key(text)
     except ValueError:
-        raise UsageError(
-            f"{text!r}: not a key (expected 64 hexadecimal digits)"
-        ) from None
+        raise UsageError(f"{text!r}: not a key (expected 64 hexadecimal digits)") from None
 
 
 def parse_keys(texts: Iterable[str]) -> List[bytes]:

@@ -173,13 +173,21 @@ class Shard:
         IndexError outside 0..slot_count-1."""
         return self._reader.slot(slot)
 
-    def scan(self, start_slot: int = 0, batch: int = 4096) -> Iterator[Tuple[int, bytes, int, int]]:
+    def scan(self, start_slot: int = 0, batch: int = 4096,
+             on_corrupt: Optional[Callable[[int], None]] = None) -> Iterator[Tuple[int, bytes, int, int]]:
         """Live objects from ``start_slot`` on, in slot order, as
-        ``(slot, key, data_offset, size)``. CorruptShardError at a slot that
-        points outside the objects section."""
+        ``(slot, key, data_offset, size)``.
+
+        A slot that points outside the objects section raises
+        CorruptShardError; with ``on_corrupt``, it is left out and
+        ``on_corrupt(n)`` is called with the number of slots left out of a
+        batch instead.
+        """
         slot_count = self.slot_count
         while start_slot < slot_count:
-            items, start_slot = self._reader.scan(start_slot, batch)
+            items, start_slot, skipped = self._reader.scan(start_slot, batch, on_corrupt is not None)
+            if skipped:
+                on_corrupt(skipped)
             yield from items
 
     def __iter__(self) -> Iterator[bytes]:

@@ -848,6 +848,30 @@ def test_umount_not_a_mount_point(tmp_path):
     assert "not a mount point" in proc.stderr
 
 
+def test_corrupt_slot_under_a_mount(corpus, mounter, tmp_path):
+    """A slot pointing outside the objects section: that object reads as EIO
+    and is left out of listings; every other object and the daemon are fine."""
+    path, objects = corpus
+    bad = tmp_path / "bad.shard"
+    shutil.copyfile(path, bad)
+    keys = sorted(objects)
+    victim = keys[0]
+    with shardfs.Shard(str(bad)) as s:
+        slot_offset = s.header.index_position + 40 * s.slot_of(victim) + 32
+        outside = s.header.index_position + 8
+    with open(bad, "r+b") as f:
+        f.seek(slot_offset)
+        f.write(outside.to_bytes(8, "big"))
+    point = tmp_path / "m"
+    mounter.mount(bad, point)
+    with pytest.raises(OSError) as err:
+        (point / victim).read_bytes()
+    assert err.value.errno == errno.EIO
+    assert sorted(os.listdir(point)) == keys[1:]
+    assert (point / keys[1]).read_bytes() == objects[keys[1]]
+    assert mounted(point)
+
+
 def test_deleted_object_is_absent(corpus, mounter, tmp_path):
     """A takedown (shardfs.delete) removes the name from the mount."""
     path = tmp_path / "copy.shard"

@@ -330,12 +330,16 @@ static PyObject *Reader_slot(Reader *self, PyObject *arg)
                          (unsigned long long)size);
 }
 
-/* scan(start_slot, max_items) -> (list of (slot, key, data_offset, size), next_slot)
- * Live slots only, in slot order; next_slot == slot_count at the end. */
+/* scan(start_slot, max_items, skip_corrupt=False)
+ *   -> (list of (slot, key, data_offset, size), next_slot, skipped)
+ * Live slots only, in slot order; next_slot == slot_count at the end. A slot
+ * pointing outside the objects section raises CorruptShardError, or with
+ * skip_corrupt is left out and counted in `skipped`. */
 static PyObject *Reader_scan(Reader *self, PyObject *args)
 {
-    unsigned long long start, max_items;
-    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KK", &start, &max_items))
+    unsigned long long start, max_items, skipped = 0;
+    int skip_corrupt = 0;
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KK|p", &start, &max_items, &skip_corrupt))
         return NULL;
     uint64_t slots = sfs_slot_count(self->shard);
     PyObject *list = PyList_New(0);
@@ -348,6 +352,10 @@ static PyObject *Reader_scan(Reader *self, PyObject *args)
         int rc = sfs_slot_object(self->shard, i, key, &off, &size);
         if (rc == SFS_ENOTFOUND)
             continue;
+        if (rc != SFS_OK && skip_corrupt) {
+            skipped++;
+            continue;
+        }
         if (rc != SFS_OK) {
             Py_DECREF(list);
             PyErr_Format(CorruptShardError, "%s: slot %llu points outside the objects section",
@@ -364,7 +372,7 @@ static PyObject *Reader_scan(Reader *self, PyObject *args)
         }
         Py_DECREF(item);
     }
-    PyObject *res = Py_BuildValue("(OK)", list, (unsigned long long)i);
+    PyObject *res = Py_BuildValue("(OKK)", list, (unsigned long long)i, skipped);
     Py_DECREF(list);
     return res;
 }
@@ -465,7 +473,8 @@ static PyMethodDef Reader_methods[] = {
     {"slot", (PyCFunction)Reader_slot, METH_O,
      "slot(i) -> (key32, data_offset, size) for a live slot, None for an empty one."},
     {"scan", (PyCFunction)Reader_scan, METH_VARARGS,
-     "scan(start_slot, max_items) -> ([(slot, key32, data_offset, size)...], next_slot)."},
+     "scan(start_slot, max_items, skip_corrupt=False) -> "
+     "([(slot, key32, data_offset, size)...], next_slot, skipped)."},
     {"live_count", (PyCFunction)Reader_live_count, METH_NOARGS, "Number of live objects."},
     {"check", (PyCFunction)Reader_check, METH_VARARGS,
      "check(max_reports=1000) -> (problem_count, [message...]): structure check."},

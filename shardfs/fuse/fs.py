@@ -251,8 +251,14 @@ class ShardFS(pyfuse3.Operations):
     def _fetch_dir_batch(self, start_id: int) -> Deque[Tuple[int, bytes, int, int]]:
         """Up to READDIR_BATCH live objects from slot `start_id` on, in slot
         order, as (slot, key, data_offset, size) (worker thread)."""
+        def corrupt(count: int) -> None:
+            log.warning("%s: %d slot(s) from slot %d on point outside the objects section: "
+                        "left out of the listing (run shardfs check)", self._shard.path, count,
+                        start_id)
+
         return collections.deque(
-            itertools.islice(self._shard.scan(start_id, READDIR_BATCH), READDIR_BATCH)
+            itertools.islice(self._shard.scan(start_id, READDIR_BATCH, on_corrupt=corrupt),
+                             READDIR_BATCH)
         )
 
     # --------------------------------------------------------- name space

@@ -224,7 +224,10 @@ class Shard:
             total = self.header.objects_size
             done = 0
             for _slot, key, offset, size in self.scan():
-                digest = hashlib.sha256(self._reader.pread(offset, size, 0, size)).digest()
+                h = hashlib.sha256()
+                for start in range(0, size, 1 << 20):  # 1 MiB at a time: bounded memory
+                    h.update(self._reader.pread(offset, size, start, 1 << 20))
+                digest = h.digest()
                 if digest != key:
                     problems.append(f"object {key.hex()}: SHA-256 of its {size} bytes is {digest.hex()}")
                 done += size + 8

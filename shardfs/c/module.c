@@ -602,13 +602,16 @@ static PyObject *Writer_finish(Writer *self, PyObject *unused)
     sfs_writer_t *w = self->w;
     self->w = NULL;
     sfs_error_t err;
+    sfs_build_stats_t st;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = sfs_writer_finish(w, &err);
+    rc = sfs_writer_finish(w, &st, &err);
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK)
         return raise_error(&err);
-    Py_RETURN_NONE;
+    return Py_BuildValue("{s:d,s:d,s:d,s:K}", "hash_seconds", st.hash_seconds, "index_seconds",
+                         st.index_seconds, "sync_seconds", st.sync_seconds, "slots",
+                         (unsigned long long)st.slots);
 }
 
 static PyObject *Writer_abort(Writer *self, PyObject *unused)
@@ -643,7 +646,8 @@ static PyMethodDef Writer_methods[] = {
      "add_fd(key32, fd, size): append `size` bytes read from fd."},
     {"contains", (PyCFunction)Writer_contains, METH_O, "contains(key32) -> bool."},
     {"finish", (PyCFunction)Writer_finish, METH_NOARGS,
-     "Build the perfect hash, write index and header, fsync, rename into place."},
+     "Build the perfect hash, write index and header, fsync, rename into place; returns "
+     "{hash_seconds, index_seconds, sync_seconds, slots}."},
     {"abort", (PyCFunction)Writer_abort, METH_NOARGS, "Discard the shard being written."},
     {NULL},
 };

@@ -181,10 +181,19 @@ int sfs_writer_contains(const sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE]);
 uint64_t sfs_writer_count(const sfs_writer_t *w);       /* objects added */
 uint64_t sfs_writer_bytes(const sfs_writer_t *w);       /* object bytes added */
 
+/* Where the time of sfs_writer_finish() went, in seconds (wall clock). */
+typedef struct sfs_build_stats {
+    double hash_seconds;  /* cmph building the perfect hash */
+    double index_seconds; /* placing the keys in slots, writing index and hash */
+    double sync_seconds;  /* header, fdatasync, rename, directory fsync */
+    uint64_t slots;       /* slots in the index */
+} sfs_build_stats_t;
+
 /* Build the perfect hash, write index, hash and header, fdatasync, rename
  * into place and fsync the directory. Frees the writer whatever the result;
- * on failure the temporary file is removed and `path` is untouched. */
-int sfs_writer_finish(sfs_writer_t *w, sfs_error_t *err);
+ * on failure the temporary file is removed and `path` is untouched.
+ * `stats` (may be NULL) receives the timings on success. */
+int sfs_writer_finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err);
 
 /* Discard: remove the temporary file and free the writer. NULL accepted. */
 void sfs_writer_abort(sfs_writer_t *w);

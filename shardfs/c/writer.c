@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define BLOCK_BITS 16
@@ -336,8 +337,16 @@ static void src_rewind(void *data) { ((sfs_writer_t *)data)->cursor = 0; }
 
 /* ---------------------------------------------------------------- finish */
 
-static int finish(sfs_writer_t *w, sfs_error_t *err)
+static double now(void)
 {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err)
+{
+    double t0 = now();
     int rc;
     if (flush(w) < 0)
         return io_fail(w, err, "writing objects");
@@ -369,6 +378,7 @@ static int finish(sfs_writer_t *w, sfs_error_t *err)
     cmph_config_set_b(config, 4);
     cmph_t *mph = cmph_new(config);
     cmph_config_destroy(config);
+    double t1 = now();
     if (!mph)
         return sfs_fail(err, SFS_EHASH, 0, "%s: cmph could not build the perfect hash over %llu "
                         "keys", w->path, (unsigned long long)w->count);
@@ -433,6 +443,7 @@ static int finish(sfs_writer_t *w, sfs_error_t *err)
         rc = io_fail(w, err, "writing the hash");
         goto out;
     }
+    double t2 = now();
     /* Header block last: until it is written the file has no magic. */
     uint8_t head[SFS_OBJECTS_POSITION] = {0};
     memcpy(head, SFS_MAGIC, sizeof(SFS_MAGIC) - 1);
@@ -454,6 +465,10 @@ static int finish(sfs_writer_t *w, sfs_error_t *err)
         rc = io_fail(w, err, "fdatasync");
         goto out;
     }
+    stats->hash_seconds = t1 - t0;
+    stats->index_seconds = t2 - t1;
+    stats->sync_seconds = now() - t2;
+    stats->slots = slots;
     rc = SFS_OK;
 out:
     free(slot_entry);
@@ -474,9 +489,13 @@ static void free_writer(sfs_writer_t *w)
     free(w);
 }
 
-int sfs_writer_finish(sfs_writer_t *w, sfs_error_t *err)
+int sfs_writer_finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err)
 {
-    int rc = finish(w, err);
+    sfs_build_stats_t local;
+    if (!stats)
+        stats = &local;
+    double t = now();
+    int rc = finish(w, stats, err);
     if (rc == SFS_OK && w->tmp_path) {
         if (rename(w->tmp_path, w->path) < 0) {
             rc = io_fail(w, err, "renaming into place");
@@ -494,6 +513,8 @@ int sfs_writer_finish(sfs_writer_t *w, sfs_error_t *err)
             w->tmp_path = NULL;
         }
     }
+    if (rc == SFS_OK)
+        stats->sync_seconds = now() - t - stats->hash_seconds - stats->index_seconds;
     if (close(w->fd) < 0 && rc == SFS_OK)
         rc = io_fail(w, err, "close");
     w->fd = -1;

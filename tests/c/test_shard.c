@@ -84,7 +84,7 @@ static int build(const char *path, uint64_t n, uint8_t (*keys)[32])
             return -1;
         }
     }
-    if (sfs_writer_finish(w, &err) != SFS_OK) {
+    if (sfs_writer_finish(w, NULL, &err) != SFS_OK) {
         fprintf(stderr, "%s\n", err.message);
         return -1;
     }
@@ -229,7 +229,7 @@ static void test_duplicate(void)
           err.message);
     CHECK(sfs_writer_add(w, k2, "ccc", 3, &err) == SFS_OK, "build goes on");
     CHECK(access(p, F_OK) != 0, "nothing at the target before finish");
-    CHECK(sfs_writer_finish(w, &err) == SFS_OK, "finish: %s", err.message);
+    CHECK(sfs_writer_finish(w, NULL, &err) == SFS_OK, "finish: %s", err.message);
     sfs_shard_t *s;
     CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
     uint64_t off, size;

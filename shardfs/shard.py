@@ -157,6 +157,12 @@ class Shard:
         """
         return self._reader.find(_key(key), nowait)
 
+    def prefetch(self, data_offset: int, size: int, length: int) -> None:
+        """Start reading the first ``length`` bytes (at most ``size``) of
+        the object at ``data_offset`` into the page cache, without waiting
+        (posix_fadvise WILLNEED)."""
+        self._reader.prefetch(data_offset, size, length)
+
     def try_pread(self, data_offset: int, size: int, offset: int, length: int) -> bytes:
         """pread() from the page cache only: never waits for the device;
         BlockingIOError when a byte of the range is not cached."""

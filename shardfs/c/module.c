@@ -283,6 +283,22 @@ static PyObject *Reader_try_pread(Reader *self, PyObject *args)
     return NULL;
 }
 
+/* prefetch(data_offset, size, length): start reading the first `length`
+ * bytes of an object into the page cache; returns at once. */
+static PyObject *Reader_prefetch(Reader *self, PyObject *args)
+{
+    unsigned long long data_offset, size, length;
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KKK", &data_offset, &size, &length))
+        return NULL;
+    if (length > size)
+        length = size;
+    if (sfs_prefetch(self->shard, data_offset, length) != SFS_OK) {
+        PyErr_Format(ShardError, "%s: prefetch outside the objects section", sfs_path(self->shard));
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* pread(data_offset, size, offset, length) -> bytes, clipped to the object */
 static PyObject *Reader_pread(Reader *self, PyObject *args)
 {
@@ -469,6 +485,9 @@ static PyMethodDef Reader_methods[] = {
     {"try_pread", (PyCFunction)Reader_try_pread, METH_VARARGS,
      "try_pread(data_offset, size, offset, length) -> bytes from the page cache only; "
      "BlockingIOError otherwise."},
+    {"prefetch", (PyCFunction)Reader_prefetch, METH_VARARGS,
+     "prefetch(data_offset, size, length): start reading an object's first bytes into the "
+     "page cache; returns at once."},
     {"slot_of", (PyCFunction)Reader_slot_of, METH_O, "slot_of(key32) -> slot the key hashes to."},
     {"slot", (PyCFunction)Reader_slot, METH_O,
      "slot(i) -> (key32, data_offset, size) for a live slot, None for an empty one."},

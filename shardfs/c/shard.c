@@ -376,6 +376,15 @@ int sfs_read_nowait(const sfs_shard_t *s, uint64_t offset, void *dst, size_t len
     return read_nowait(s, dst, length, offset);
 }
 
+int sfs_prefetch(const sfs_shard_t *s, uint64_t offset, uint64_t length)
+{
+    if (!sfs_data(s, offset, length))
+        return SFS_EINVAL;
+    if (length)
+        posix_fadvise(s->fd, (off_t)offset, (off_t)length, POSIX_FADV_WILLNEED);
+    return SFS_OK;
+}
+
 int sfs_slot_object(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE],
                     uint64_t *data_offset, uint64_t *size)
 {

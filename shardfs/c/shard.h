@@ -124,6 +124,13 @@ int sfs_lookup_nowait(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE],
  * cached; SFS_EINVAL outside the objects section. */
 int sfs_read_nowait(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t length);
 
+/* Ask the kernel to start reading bytes [offset, offset+length) of the
+ * objects section into the page cache (posix_fadvise WILLNEED): returns at
+ * once, the reads complete in the background. SFS_EINVAL outside the
+ * objects section. Used to overlap an object's device read with the
+ * requests that precede its first read. */
+int sfs_prefetch(const sfs_shard_t *shard, uint64_t offset, uint64_t length);
+
 /* Resolve a raw slot as sfs_lookup does, without the hash (for iteration
  * and checks). SFS_ENOTFOUND for an empty slot, SFS_ECORRUPT when out of
  * bounds. */

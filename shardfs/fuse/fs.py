@@ -62,6 +62,10 @@ INODE_BASE = 2
 #: Worker threads allowed to block on shard I/O at once (reads and lookups).
 DEFAULT_IO_THREADS = 16
 
+#: Bytes of an object read ahead when it is looked up (the kernel's first
+#: READ of a file asks for up to 128 KiB).
+PREFETCH_BYTES = 128 * 1024
+
 #: Directory entries fetched from the shard per worker-thread round trip.
 READDIR_BATCH = 1024
 
@@ -240,6 +244,16 @@ class ShardFS(pyfuse3.Operations):
         entry.nlookup += 1
         return entry
 
+    def _find_and_prefetch(self, key: bytes) -> Optional[Tuple[int, int, int]]:
+        """(slot, data_offset, size) of a live key or None (worker thread:
+        may wait for the device). A lookup is followed by an open and a read:
+        start reading the object's first bytes now, so that the read is
+        likely served from the page cache, inline."""
+        found = self._shard.find(key)
+        if found is not None:
+            self._shard.prefetch(found[1], found[2], PREFETCH_BYTES)
+        return found
+
     def _entry(self, inode: int) -> _Inode:
         entry = self._inodes.get(inode)
         if entry is None:
@@ -284,8 +298,10 @@ class ShardFS(pyfuse3.Operations):
             return self._negative_entry()
         try:
             found = self._shard.find(key, nowait=True)
+            if found is not None:
+                self._shard.prefetch(found[1], found[2], PREFETCH_BYTES)
         except BlockingIOError:
-            found = await self._io(self._shard.find, key)
+            found = await self._io(self._find_and_prefetch, key)
         if found is None:
             return self._negative_entry()
         slot, data_offset, size = found
@@ -352,7 +368,10 @@ class ShardFS(pyfuse3.Operations):
             return await self._io(self._shard.pread, entry.data_offset, entry.size, off, size)
 
     async def flush(self, fh: int) -> None:
-        """Nothing to flush: returns None."""
+        """Always raises FUSEError(ENOSYS): the kernel then stops sending
+        FLUSH (on every close) for the rest of the mount, one request per
+        object saved. There is nothing to flush on a read-only filesystem."""
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def release(self, fh: int) -> None:
         """Nothing to free per open file (fh is the inode): returns None."""

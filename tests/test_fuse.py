@@ -587,10 +587,35 @@ def test_xattrs(mnt):
         os.getxattr(p, "user.anything")
     assert exc.value.errno == errno.ENODATA
     assert os.listxattr(p) == []
+    with pytest.raises(OSError) as exc:
+        os.getxattr(point, "user.anything")
+    assert exc.value.errno == errno.ENODATA
     # asked again: ENODATA did not turn xattrs off (ENOSYS would)
     with pytest.raises(OSError) as exc:
         os.getxattr(point, "security.selinux")
     assert exc.value.errno == errno.ENODATA
+
+
+def test_request_counts_xattr(corpus, mounter, tmp_path):
+    """The root's user.shardfs.requests counts requests by kind: reading a
+    fresh object costs one lookup, one open, one read and one release, and
+    FLUSH is asked once at most (answered ENOSYS, then never sent again)."""
+    import json
+
+    path, objects = corpus
+    point = tmp_path / "m"
+    mounter.mount(path, point)
+    assert "user.shardfs.requests" in os.listxattr(point)
+    before = json.loads(os.getxattr(point, "user.shardfs.requests"))
+    keys = [k for k, v in objects.items() if 0 < len(v) <= 4096][:20]
+    for key in keys:
+        assert (point / key).read_bytes() == objects[key]
+    after = json.loads(os.getxattr(point, "user.shardfs.requests"))
+    grown = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert grown["lookup"] == len(keys)
+    assert grown["open"] == len(keys)
+    assert grown["read"] == len(keys)
+    assert after.get("flush", 0) <= 1
 
 
 # ------------------------------------------------------- names and errors

@@ -38,6 +38,7 @@ import collections
 import errno
 import functools
 import itertools
+import json
 import logging
 import math
 import os
@@ -61,6 +62,9 @@ INODE_BASE = 2
 
 #: Worker threads allowed to block on shard I/O at once (reads and lookups).
 DEFAULT_IO_THREADS = 16
+
+#: Extended attribute of the root: requests served, by kind, as JSON.
+REQUESTS_XATTR = b"user.shardfs.requests"
 
 #: Bytes of an object read ahead when it is looked up (the kernel's first
 #: READ of a file asks for up to 128 KiB).
@@ -131,8 +135,11 @@ def _handler(fn: Callable[..., Any]) -> Callable[..., Any]:
     main loop and take the whole mount down.
     """
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self: "ShardFS", *args: Any) -> Any:
+        self.requests[name] += 1
         try:
             return await fn(self, *args)
         except pyfuse3.FUSEError:
@@ -188,6 +195,8 @@ class ShardFS(pyfuse3.Operations):
         self._gid = os.getgid()
         self._time_ns = _ns(self._shard.mtime)
         self._live: Optional[int] = None
+        #: Requests served since the mount, by handler name.
+        self.requests: collections.Counter = collections.Counter()
 
     def close(self) -> None:
         """Release what the filesystem opened itself (nothing so far; the
@@ -196,7 +205,9 @@ class ShardFS(pyfuse3.Operations):
     # ------------------------------------------------------------ helpers
 
     async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` (shard I/O that may block) in a worker thread."""
+        """Run `fn(*args)` (shard I/O that may block) in a worker thread.
+        Counted in `requests` as "thread:<fn name>"."""
+        self.requests["thread:" + getattr(fn, "__name__", "call")] += 1
         if self._limiter is None:
             # Created lazily: it must belong to the running trio loop.
             self._limiter = trio.CapacityLimiter(self._io_threads)
@@ -312,8 +323,9 @@ class ShardFS(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[Tuple[int, int]]) -> None:
         """Drop kernel lookup references; forget inodes whose count reaches 0.
 
-        Never raises (pyfuse3 requires it).
+        Never raises (pyfuse3 requires it), so not wrapped by _handler.
         """
+        self.requests["forget"] += 1
         for inode, nlookup in inode_list:
             entry = self._inodes.get(inode)
             if entry is None:
@@ -367,12 +379,14 @@ class ShardFS(pyfuse3.Operations):
         except BlockingIOError:
             return await self._io(self._shard.pread, entry.data_offset, entry.size, off, size)
 
+    @_handler
     async def flush(self, fh: int) -> None:
         """Always raises FUSEError(ENOSYS): the kernel then stops sending
         FLUSH (on every close) for the rest of the mount, one request per
         object saved. There is nothing to flush on a read-only filesystem."""
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
+    @_handler
     async def release(self, fh: int) -> None:
         """Nothing to free per open file (fh is the inode): returns None."""
 
@@ -428,6 +442,7 @@ class ShardFS(pyfuse3.Operations):
                 self._remember(inode, key, size, data_offset)
                 start_id = slot + 1
 
+    @_handler
     async def releasedir(self, fh: int) -> None:
         """Forget the directory handle; returns None."""
         self._dirs.pop(fh, None)
@@ -469,17 +484,24 @@ class ShardFS(pyfuse3.Operations):
 
     # ------------------------------------------------------------ xattrs
 
+    @_handler
     async def getxattr(self, inode: int, name: bytes, ctx: Any = None) -> bytes:
-        """No extended attributes: always raises FUSEError(ENODATA).
+        """Extended attribute `name` of `inode`.
 
-        ENODATA (not ENOSYS) so the kernel keeps asking and tools see the
-        ordinary "no such attribute" answer.
+        The root has ``user.shardfs.requests``: the requests served since
+        the mount, by kind, as JSON (``{"lookup": 10, "read": 10, ...}``),
+        for benchmarks that count requests per object. Anything else raises
+        FUSEError(ENODATA) — not ENOSYS, so the kernel keeps asking and tools
+        see the ordinary "no such attribute" answer.
         """
+        if inode == ROOT_INODE and name == REQUESTS_XATTR:
+            return json.dumps(dict(self.requests), sort_keys=True).encode()
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
 
+    @_handler
     async def listxattr(self, inode: int, ctx: Any = None) -> List[bytes]:
-        """No extended attributes: returns an empty list."""
-        return []
+        """Names of the extended attributes of `inode` (see getxattr)."""
+        return [REQUESTS_XATTR] if inode == ROOT_INODE else []
 
     # ------------------------------------------- everything that writes
 

@@ -301,7 +301,7 @@ class ShardWriter:
     def add(self, key: Key, data) -> None:
         """Append one object (any bytes-like ``data``). DuplicateKeyError if
         the key was added already (nothing written; the writer stays usable)."""
-        self._writer.add(normalize_key(key), data)
+        self._writer.add(_key(key), data)
 
     def add_file(self, key: Key, path: Union[str, os.PathLike]) -> None:
         """Append the content of the file at ``path``, streamed in 1 MiB
@@ -313,7 +313,7 @@ class ShardWriter:
             self._writer.add_fd(raw, f.fileno(), size)
 
     def __contains__(self, key: Key) -> bool:
-        return self._writer.contains(normalize_key(key))
+        return self._writer.contains(_key(key))
 
     def __len__(self) -> int:
         """Objects added so far."""

@@ -10,6 +10,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
+
 #include "shard.h"
 
 static PyObject *ShardError, *CorruptShardError, *DuplicateKeyError;
@@ -175,6 +177,22 @@ static PyObject *Reader_locate(Reader *self, PyObject *arg)
     return Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)size);
 }
 
+/* The exception for a failed sfs_read (errno still set for SFS_EIO). */
+static PyObject *read_failed(Reader *self, int rc)
+{
+    if (rc == SFS_EIO) {
+        int e = errno ? errno : EIO;
+        PyObject *args = Py_BuildValue("(is)", e, sfs_path(self->shard));
+        if (args) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
+        return NULL;
+    }
+    PyErr_Format(ShardError, "%s: read outside the objects section", sfs_path(self->shard));
+    return NULL;
+}
+
 static PyObject *copy_out(Reader *self, uint64_t off, uint64_t size)
 {
     if (size > (uint64_t)PY_SSIZE_T_MAX)
@@ -188,8 +206,7 @@ static PyObject *copy_out(Reader *self, uint64_t off, uint64_t size)
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK) {
         Py_DECREF(out);
-        PyErr_Format(ShardError, "%s: read outside the objects section", sfs_path(self->shard));
-        return NULL;
+        return read_failed(self, rc);
     }
     return out;
 }
@@ -215,6 +232,8 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     Py_END_ALLOW_THREADS
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_NONE;
+    if (rc == SFS_EIO)
+        return read_failed(self, rc);
     if (rc != SFS_OK)
         return corrupt_slot(self, key);
     if (size <= SMALL_OBJECT)

@@ -404,12 +404,36 @@ const uint8_t *sfs_data(const sfs_shard_t *s, uint64_t offset, uint64_t length)
     return s->map + offset;
 }
 
+/* Up to this many bytes are copied from the mapping: no system call when
+ * cached, and a cold page fault reads one 4 KiB page (MADV_RANDOM). Longer
+ * ranges are read with pread(), which asks the device for the whole range
+ * at once instead of one page per fault: a cold 64 KiB object costs about 2
+ * device reads instead of 17 (bench/lookup_bench.py). */
+#define MMAP_COPY_MAX (16 * 1024)
+
 int sfs_read(const sfs_shard_t *s, uint64_t offset, void *dst, size_t length)
 {
     const uint8_t *p = sfs_data(s, offset, length);
     if (!p)
         return SFS_EINVAL;
-    memcpy(dst, p, length);
+    if (length <= MMAP_COPY_MAX) {
+        memcpy(dst, p, length);
+        return SFS_OK;
+    }
+    uint8_t *d = dst;
+    while (length) {
+        ssize_t n = pread(s->fd, d, length, (off_t)offset);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0)
+                errno = EIO; /* the file shrank under us */
+            return SFS_EIO;
+        }
+        d += n;
+        offset += (uint64_t)n;
+        length -= (size_t)n;
+    }
     return SFS_OK;
 }
 

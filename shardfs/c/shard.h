@@ -138,7 +138,9 @@ int sfs_slot_object(const sfs_shard_t *shard, uint64_t slot, uint8_t key_out[SFS
                     uint64_t *data_offset, uint64_t *size);
 
 /* Copy `length` bytes at absolute byte `offset` of the shard into dst.
- * The range must lie inside the objects section, else SFS_EINVAL. */
+ * The range must lie inside the objects section, else SFS_EINVAL; SFS_EIO
+ * (errno set) when the file cannot be read. Small ranges are copied from
+ * the mapping, large ones read with pread() (one device request). */
 int sfs_read(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t length);
 
 /* Pointer to the mapped bytes at `offset` (inside the objects section, with

@@ -11,7 +11,7 @@ CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-co
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c
 
-.PHONY: all deps apt venv demo test test-c test-py clean
+.PHONY: all deps apt venv demo test test-c test-py bench bench-full clean
 
 all: venv
 
@@ -48,6 +48,24 @@ test: test-c test-py
 
 demo: venv
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
+
+# Benchmarks: figures and plots under bench/results/, summed up in
+# bench/results/README.md. `make bench` takes under 5 minutes; bench-full
+# builds datasets up to millions of objects (check bench/*.py --help).
+BENCH_RUN = mkdir -p bench/results && \
+	$(PIP) install -q -e '.[test,bench]' && \
+	set -o pipefail && \
+	$(PY) bench/build_bench.py $(1) | tee bench/results/build.log && \
+	$(PY) bench/lookup_bench.py $(1) | tee bench/results/lookup.log && \
+	$(PY) bench/fio_bench.py $(1) | tee bench/results/fio.log && \
+	{ grep -h -E "PASS|MISS" bench/results/build.log bench/results/lookup.log bench/results/fio.log > bench/results/goals.txt || true; } && \
+	$(PY) bench/report.py
+
+bench: venv
+	$(call BENCH_RUN,--quick)
+
+bench-full: venv
+	$(call BENCH_RUN,--full)
 
 clean:
 	rm -rf build *.egg-info tests/c/test_shard shardfs/*.so

@@ -194,6 +194,33 @@ def daemon_cpu(mountpoints: Sequence[str]) -> Dict[int, float]:
     return out
 
 
+def kill_fio(proc: subprocess.Popen, workdir: str) -> None:
+    """Kill a fio run: its main process and its job processes, which fio
+    puts each in a session of its own (found by the job file path in their
+    command line), by pid."""
+    pids = {proc.pid}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"fio" and any(
+                a.startswith(workdir.encode()) for a in argv[1:]):
+            pids.add(int(pid))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        log(f"fio_bench: fio (pid {proc.pid}) does not die (blocked in the kernel?)")
+
+
 def _mountinfo_points() -> List[str]:
     points = []
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
@@ -238,14 +265,35 @@ class Mounts:
             subprocess.run([self.cli, "umount", mp], check=True, timeout=60,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            log(f"fio_bench: shardfs umount {mp} failed ({exc}); lazy unmount")
+            log(f"fio_bench: shardfs umount {mp} failed ({exc}); aborting the FUSE "
+                f"connection and unmounting lazily")
+            self._abort(mp)
             subprocess.run(["fusermount3", "-uz", mp], timeout=60)
 
-    def healthy(self, mp: str) -> bool:
-        """True if the mount answers a stat within 10 s (in a child process,
-        so a hung daemon cannot hang us)."""
+    @staticmethod
+    def _abort(mp: str) -> None:
+        """Abort the FUSE connection of the mount at `mp` (through fusectl), so
+        that processes blocked on a hung daemon get ENOTCONN."""
+        target = os.path.realpath(mp)
         try:
-            return subprocess.run(["stat", "-c", "%i", mp], timeout=10, stdout=subprocess.DEVNULL,
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 4 and fields[4] == target:
+                        minor = fields[2].split(":")[1]
+                        with open(f"/sys/fs/fuse/connections/{minor}/abort", "w") as a:
+                            a.write("1")
+        except OSError:
+            pass
+
+    def healthy(self, mp: str) -> bool:
+        """True if the daemon answers a statfs within 10 s. (statfs always
+        reaches the daemon, where the kernel answers a stat of the root from
+        its attribute cache even after the daemon died; it runs in a child
+        process so that a hung daemon cannot hang us.)"""
+        try:
+            return subprocess.run(["stat", "-f", "-c", "%b", mp], timeout=10,
+                                  stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL).returncode == 0
         except subprocess.TimeoutExpired:
             return False
@@ -365,6 +413,10 @@ def load_fio_json(path: str) -> dict:
 
 @dataclass
 class Bench:
+    """One benchmark session: the datasets, their mounts, a scratch directory
+    (`work`, on /dev/shm: fio's latency logs must not load the disk measured)
+    and the rows collected so far."""
+
     mode: Mode
     out: str
     seed: int
@@ -506,26 +558,26 @@ class Bench:
         cmd = ["fio", "--output-format=json", f"--output={output}", "--eta=never", jobpath]
         # Generous: setup (fio stats every file), the prerun remount, the run.
         nfiles = sum(len(group) for groups in files.values() for group in groups)
-        timeout = 3 * self.mode.runtime + 120 + nfiles / 2000
+        timeout = 2 * self.mode.runtime + 60 + nfiles / 2000
         mps = [os.path.realpath(self.mounts.points[self.datasets[k].name][1]) for k in kinds] \
             if target == "mount" else []
         cpu0 = daemon_cpu(mps)
         dev0 = device_reads(self.device)
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        console_path = os.path.join(workdir, "console.txt")
+        with open(console_path, "wb") as console:
+            # A file, not a pipe: fio's job processes (each in its own session)
+            # may outlive a killed fio, and a pipe would never see its end.
+            proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=console,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            console, _ = proc.communicate(timeout=timeout)
-        except BaseException as exc:  # timeout, or Ctrl-C: fio runs in its own session
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.communicate()
+            proc.wait(timeout=timeout)
+        except BaseException as exc:  # timeout, or Ctrl-C: fio runs in its own sessions
+            kill_fio(proc, workdir)
             if not isinstance(exc, subprocess.TimeoutExpired):
                 raise
             msg = (f"{job.name} {target} {cache} x{numjobs}: fio did not finish in {timeout:.0f} s "
-                   f"(killed); the mount may hang")
+                   f"(killed)" + ("; the mount may hang" if target == "mount" else ""))
             self.problems.append(msg)
             log("fio_bench: " + msg)
             return [self.error_row(job, target, cache, numjobs, "timeout")]
@@ -534,7 +586,8 @@ class Bench:
         cpu1 = daemon_cpu(mps)
         # A daemon started by the cold reset served only this run: all of its CPU counts.
         daemon_s = sum(c - cpu0.get(pid, 0.0) for pid, c in cpu1.items())
-        console_text = console.decode(errors="replace").strip()
+        with open(console_path, errors="replace") as f:
+            console_text = f.read().strip()
         try:
             result = load_fio_json(output)
         except (OSError, ValueError) as exc:
@@ -626,8 +679,16 @@ class Bench:
                         # Right before the job: other work on the machine
                         # (or a cold run) may have dropped the caches.
                         t0 = time.monotonic()
+                        if target == "mount":
+                            for kind in {job.kind, job.stream_kind} - {None}:
+                                self.mounts.ensure(self.datasets[kind].name)
                         paths = self.warm_paths([job], target)
-                        self.warm_up(paths)
+                        try:
+                            self.warm_up(paths)
+                        except OSError as exc:
+                            msg = f"warm-up of {job.name} through the {target}: {exc}"
+                            self.problems.append(msg)
+                            log("fio_bench: " + msg)
                         log(f"warm-up {job.name} {target}: read {len(paths):,} files in "
                             f"{time.monotonic() - t0:.1f} s")
                     for nj in job.numjobs:
@@ -666,7 +727,8 @@ def goals(rows: List[dict]) -> List[str]:
         ok = best["iops"] >= 10000
         lines.append(f"GOAL cold whole-object reads through the mount (fio random-objects, "
                      f"best of {'/'.join(str(r['numjobs']) for r in cold)} jobs) >= 10,000/s: "
-                     f"{best['iops']:,.0f}/s with {best['numjobs']} jobs {'PASS' if ok else 'MISS'}")
+                     f"{best['iops']:,.0f}/s with {best['numjobs']} job{'s' if best['numjobs'] > 1 else ''} "
+                     f"{'PASS' if ok else 'MISS'}")
     else:
         lines.append("GOAL cold whole-object reads through the mount >= 10,000/s: no result MISS")
     mount = find(rows, job="random-4k", target="mount", cache="warm")

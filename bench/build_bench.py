@@ -78,6 +78,9 @@ import tempfile
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_model  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEFAULT_OUT = os.path.join(HERE, "results")
@@ -260,15 +263,7 @@ def rm(path: str) -> None:
 
 def machine_info() -> dict:
     """CPU, memory, kernel and the file system the benchmark writes to."""
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
             "kernel": platform.release(), "python": platform.python_version()}

@@ -75,6 +75,9 @@ sys.path.insert(0, HERE)
 
 import datasets as dsmod  # noqa: E402  (bench/datasets.py)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_model  # noqa: E402
+
 FIO_DIR = os.path.join(HERE, "fio")
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 #: fio rejects option values longer than 4096 characters.
@@ -762,15 +765,7 @@ def goals(rows: List[dict]) -> List[str]:
 
 
 def machine() -> Dict[str, str]:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     fio = subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
     return {"cpu": cpu, "cores": str(os.cpu_count()),
             "memory_gib": f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f}",

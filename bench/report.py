@@ -19,6 +19,9 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_model  # noqa: E402
+
 SECTIONS = [
     ("build.md", "Build"),
     ("lookup.md", "Lookups"),
@@ -35,15 +38,7 @@ def _run(cmd: list) -> str:
 
 def machine_description(path: str) -> str:
     """Markdown bullet list: CPU, cores, memory, disk, kernel, versions."""
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     usage = shutil.disk_usage(path)
     fs = _run(["df", "-T", path]).splitlines()[-1:] or [""]
@@ -72,6 +67,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
     out = args.out
+    os.makedirs(out, exist_ok=True)
     parts = [
         "# shardfs benchmark results",
         "",

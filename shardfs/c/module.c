@@ -263,8 +263,7 @@ static PyObject *Reader_find(Reader *self, PyObject *args)
         }
     } else {
         Py_BEGIN_ALLOW_THREADS
-        rc = sfs_lookup(self->shard, key, &off, &size);
-        slot = sfs_slot_of(self->shard, key);
+        rc = sfs_lookup_slot(self->shard, key, &slot, &off, &size);
         Py_END_ALLOW_THREADS
     }
     if (rc == SFS_ENOTFOUND)

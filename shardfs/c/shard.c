@@ -296,33 +296,53 @@ uint64_t sfs_slot_get(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_K
     return be64(p + SFS_KEY_SIZE);
 }
 
+/* A size field at `offset` lies inside the objects section. */
+static inline int size_field_ok(const sfs_shard_t *s, uint64_t offset)
+{
+    return offset >= s->header.objects_position && offset <= s->objects_end &&
+           s->objects_end - offset >= 8;
+}
+
+/* An object of `n` bytes after its size field at `offset` (size_field_ok)
+ * ends inside the objects section. */
+static inline int object_fits(const sfs_shard_t *s, uint64_t offset, uint64_t n)
+{
+    return n <= s->objects_end - offset - 8;
+}
+
 /* Object at `offset` (of its size field): data offset and size, bounded by
  * the objects section. */
 static inline int resolve(const sfs_shard_t *s, uint64_t offset, uint64_t *data_offset,
                           uint64_t *size)
 {
-    if (offset < s->header.objects_position || offset > s->objects_end ||
-        s->objects_end - offset < 8)
+    if (!size_field_ok(s, offset))
         return SFS_ECORRUPT;
     uint64_t n = be64(s->map + offset);
-    if (n > s->objects_end - offset - 8)
+    if (!object_fits(s, offset, n))
         return SFS_ECORRUPT;
     *data_offset = offset + 8;
     *size = n;
     return SFS_OK;
 }
 
-int sfs_lookup(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint64_t *data_offset,
-               uint64_t *size)
+int sfs_lookup_slot(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
+                    uint64_t *data_offset, uint64_t *size)
 {
-    uint32_t slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
-    if (slot >= s->slots)
+    *slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
+    if (*slot >= s->slots)
         return SFS_ECORRUPT;
-    const uint8_t *p = slot_ptr(s, slot);
+    const uint8_t *p = slot_ptr(s, *slot);
     uint64_t offset = be64(p + SFS_KEY_SIZE);
     if (offset == SFS_EMPTY_OFFSET || memcmp(p, key, SFS_KEY_SIZE) != 0)
         return SFS_ENOTFOUND;
     return resolve(s, offset, data_offset, size);
+}
+
+int sfs_lookup(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint64_t *data_offset,
+               uint64_t *size)
+{
+    uint32_t slot;
+    return sfs_lookup_slot(s, key, &slot, data_offset, size);
 }
 
 /* Copy from the page cache only (preadv2 RWF_NOWAIT). */
@@ -356,13 +376,12 @@ int sfs_lookup_nowait(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uin
     uint64_t offset = be64(raw + SFS_KEY_SIZE);
     if (offset == SFS_EMPTY_OFFSET || memcmp(raw, key, SFS_KEY_SIZE) != 0)
         return SFS_ENOTFOUND;
-    if (offset < s->header.objects_position || offset > s->objects_end ||
-        s->objects_end - offset < 8)
+    if (!size_field_ok(s, offset))
         return SFS_ECORRUPT;
     if ((rc = read_nowait(s, be, 8, offset)) != SFS_OK)
         return rc;
     uint64_t n = be64(be);
-    if (n > s->objects_end - offset - 8)
+    if (!object_fits(s, offset, n))
         return SFS_ECORRUPT;
     *data_offset = offset + 8;
     *size = n;
@@ -481,8 +500,7 @@ uint64_t sfs_check(sfs_shard_t *s, void (*report)(void *ctx, const char *message
         uint32_t home = sfs_slot_of(s, key);
         if (home != i)
             REPORT("slot %llu: key %s hashes to slot %u", (unsigned long long)i, hk, home);
-        if (offset < s->header.objects_position || offset > s->objects_end ||
-            s->objects_end - offset < 8)
+        if (!size_field_ok(s, offset))
             REPORT("slot %llu: key %s: offset %llu is outside the objects section [%llu, %llu)",
                    (unsigned long long)i, hk, (unsigned long long)offset,
                    (unsigned long long)s->header.objects_position,
@@ -526,13 +544,13 @@ int sfs_delete(sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], sfs_error_t *err
     if (!s->writable)
         return sfs_fail(err, SFS_EINVAL, 0, "%s: opened read-only", s->path);
     uint64_t doff, size;
-    int rc = sfs_lookup(s, key, &doff, &size);
+    uint32_t slot;
+    int rc = sfs_lookup_slot(s, key, &slot, &doff, &size);
     if (rc == SFS_ENOTFOUND)
         return sfs_fail(err, rc, 0, "%s: key not found", s->path);
     if (rc != SFS_OK)
         return sfs_fail(err, rc, 0, "%s: the key's slot points outside the objects section",
                         s->path);
-    uint32_t slot = sfs_slot_of(s, key);
     /* Order matters for an interrupted delete (see docs/format.md):
      * 1. the object's bytes become zeros (its size field still valid);
      * 2. its slot becomes the empty marker;

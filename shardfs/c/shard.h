@@ -112,6 +112,11 @@ uint64_t sfs_slot_get(const sfs_shard_t *shard, uint64_t slot, uint8_t key_out[S
 int sfs_lookup(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE],
                uint64_t *data_offset, uint64_t *size);
 
+/* sfs_lookup that also gives the key's slot (for stable inode numbers),
+ * hashing the key once. */
+int sfs_lookup_slot(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
+                    uint64_t *data_offset, uint64_t *size);
+
 /* sfs_lookup that never waits for the device: the slot and the size field
  * are read with preadv2(RWF_NOWAIT), which copies from the page cache or
  * fails at once. Also gives the slot. SFS_EAGAIN when a byte is not cached

@@ -9,7 +9,8 @@ APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
-C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c
+C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c
+C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h
 
 .PHONY: all deps apt venv demo test test-c test-py bench bench-full clean
 
@@ -25,7 +26,7 @@ apt:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) shardfs/c/module.c shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h
+$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) shardfs/c/module.c $(C_HEADERS)
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
@@ -35,11 +36,15 @@ venv: apt $(VENV)/.stamp
 
 deps: venv
 
-tests/c/test_shard: tests/c/test_shard.c $(C_SOURCES) shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h
+tests/c/test_shard: tests/c/test_shard.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_shard.c $(C_SOURCES) $(LIBS_C) -lpthread
 
-test-c: apt tests/c/test_shard
+tests/c/test_sidecar: tests/c/test_sidecar.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_sidecar.c $(C_SOURCES) $(LIBS_C) -lpthread
+
+test-c: apt tests/c/test_shard tests/c/test_sidecar
 	./tests/c/test_shard
+	./tests/c/test_sidecar
 
 test-py: venv
 	$(PY) -m pytest -q tests
@@ -67,5 +72,12 @@ bench: venv
 bench-full: venv
 	$(call BENCH_RUN,--full)
 
+# Scale: 1,000 shards vs 1, mount start time, daemon memory (bench/scale_bench.py;
+# ARGS=--quick for about 3 minutes, default 10M objects).
+.PHONY: bench-scale
+bench-scale: venv
+	mkdir -p bench/results && set -o pipefail && \
+	$(PY) bench/scale_bench.py $(ARGS) | tee bench/results/scale.log
+
 clean:
-	rm -rf build *.egg-info tests/c/test_shard shardfs/*.so
+	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar shardfs/*.so

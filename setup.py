@@ -22,7 +22,7 @@ libs = pkg_config("--libs", "cmph", ["-lcmph"])
 extension = Extension(
     "shardfs._shardfs",
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/writer.c",
-             "shardfs/c/module.c"],
+             "shardfs/c/sidecar.c", "shardfs/c/module.c"],
     include_dirs=["shardfs/c"] + [f[2:] for f in cflags],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     extra_link_args=libs,

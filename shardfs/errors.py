@@ -22,3 +22,9 @@ class DuplicateKeyError(ShardError, KeyError):
 
     def __str__(self):  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class StaleSidecarError(ShardError):
+    """A sidecar file (shardfs/sidecar.py) that cannot be used for this
+    shard: built for another shard (identity or slot count differ) or
+    damaged (magic, version, size). It is a cache: rebuild it."""

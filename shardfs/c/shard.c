@@ -65,6 +65,7 @@ const char *sfs_strstatus(int status)
     case SFS_ELIMIT: return "too many keys";
     case SFS_EHASH: return "perfect hash build failed";
     case SFS_EAGAIN: return "not in the page cache";
+    case SFS_ESTALE: return "stale sidecar";
     default: return "unknown error";
     }
 }

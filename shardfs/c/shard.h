@@ -55,6 +55,7 @@ typedef enum sfs_status {
     SFS_ELIMIT = -7,     /* more keys than cmph can hash (2^32 - 2) */
     SFS_EHASH = -8,      /* cmph could not build the perfect hash */
     SFS_EAGAIN = -9,     /* _nowait: the bytes are not all in the page cache */
+    SFS_ESTALE = -10,    /* sidecar: built for another shard (sidecar.h) */
 } sfs_status;
 
 typedef struct sfs_error {

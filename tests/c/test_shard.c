@@ -20,36 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int passed, failed;
-static char dir[256];
+#include "check.h"
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else {                                                                                   \
-            failed++;                                                                              \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next_rand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-static void rand_key(uint8_t key[32])
-{
-    for (int i = 0; i < 4; i++) {
-        uint64_t v = next_rand();
-        memcpy(key + 8 * i, &v, 8);
-    }
-}
 /* Object i: deterministic size (0..300 bytes) and content. */
 static size_t obj_size(uint64_t i) { return (size_t)((i * 7919) % 301); }
 static void obj_fill(uint64_t i, uint8_t *buf, size_t n)
@@ -58,12 +30,6 @@ static void obj_fill(uint64_t i, uint8_t *buf, size_t n)
         buf[j] = (uint8_t)(i * 31 + j);
 }
 
-static char *path_of(const char *name)
-{
-    static char p[512];
-    snprintf(p, sizeof(p), "%s/%s", dir, name);
-    return p;
-}
 
 static int build(const char *path, uint64_t n, uint8_t (*keys)[32])
 {

@@ -27,7 +27,7 @@ shardfs mount "$shard" "$mnt"
 mount | grep " $mnt " || true
 
 step "a few objects: <key> <size>  (shardfs ls, then ls -l of the mount)"
-{ shardfs ls "$shard" || true; } | head -5
+{ shardfs ls -l "$shard" || true; } | head -5
 { ls -l "$mnt" || true; } | head -6
 
 # One well-known file, found again by the SHA-256 of its content.

@@ -36,6 +36,9 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
+#: The subcommands (anything else first is a mount helper call).
+COMMANDS = ("create", "info", "ls", "get", "check", "delete", "mount", "umount")
+
 #: Files up to this many bytes are read once into memory (hashed and added
 #: from the same buffer); larger ones are hashed, then streamed by the writer.
 SMALL_FILE = 1 << 20  # bytes
@@ -331,11 +334,16 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    """Print ``<64-hex key> <size in bytes>`` for every live object."""
+    """Print every live object's 64-hex key, one per line (with ``-l``:
+    ``<64-hex key> <size in bytes>``)."""
     out = sys.stdout
     with _open_shard(args.shard) as s:
-        for key, size in s.items_sizes():
-            out.write(f"{key.hex()} {size}\n")
+        if args.long:
+            for key, size in s.items_sizes():
+                out.write(f"{key.hex()} {size}\n")
+        else:
+            for key in s.keys():
+                out.write(key.hex() + "\n")
     out.flush()
     return EXIT_OK
 
@@ -440,7 +448,11 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     """Mount shards read-only through FUSE (shardfs.fuse.mount)."""
-    shards, mountpoint = args.shards, args.mountpoint
+    if not args.paths:
+        raise UsageError("mount: the following arguments are required: MOUNTPOINT (see 'shardfs mount --help')")
+    shards, mountpoint = args.paths[:-1], args.paths[-1]
+    if not shards and not args.shard_dir:
+        raise UsageError("mount: give SHARD paths, --shard-dir DIR, or both (see 'shardfs mount --help')")
     options: List[str] = []
     for group in args.options or []:
         options.extend(o for o in group.split(",") if o)
@@ -455,6 +467,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
         options=options,
         debug=args.debug,
         log_file=args.log_file,
+        shard_dir=args.shard_dir,
+        layout=args.layout,
+        slicing=args.slicing,
+        cache_dir=args.cache_dir,
+        helper=getattr(args, "helper", False),
     )
     return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
 
@@ -571,12 +588,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "ls", cmd_ls,
         "list the objects of a shard",
-        "Print one line per live object: its key (64 hexadecimal digits) and its\n"
-        "size in bytes, in slot order.",
+        "Print one line per live object, in slot order: its key (64 hexadecimal\n"
+        "digits), and with -l its size in bytes. The keys are the objects' paths\n"
+        "in a flat mount, so the output is an rsync --files-from list.",
         "  shardfs ls my.shard\n"
-        "  shardfs ls my.shard | sort -k2 -n | tail   # the largest objects\n",
+        "  shardfs ls -l my.shard | sort -k2 -n | tail   # the largest objects\n"
+        "  shardfs ls my.shard > list && rsync -a --files-from=list /mnt/shard/ copy/\n",
     )
     p.add_argument("shard", metavar="SHARD")
+    p.add_argument("-l", "--long", action="store_true", help="also print each object's size in bytes")
 
     p = command(
         "get", cmd_get,
@@ -585,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stdout, one after the other. A key that is not in the shard is reported\n"
         "and the exit status is 1; the objects found are still written.",
         "  shardfs get my.shard 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 > obj\n"
-        "  shardfs ls my.shard | cut -d' ' -f1 | xargs shardfs get my.shard | wc -c\n",
+        "  shardfs ls my.shard | xargs shardfs get my.shard | wc -c\n",
     )
     p.add_argument("shard", metavar="SHARD")
     p.add_argument("keys", metavar="KEY", nargs="+")
@@ -620,23 +640,57 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command(
         "mount", cmd_mount,
-        "mount a shard read-only (FUSE)",
-        "Mount SHARD read-only at MOUNTPOINT through FUSE. Runs in the\n"
-        "background unless -f; unmount with 'shardfs umount MOUNTPOINT'.",
+        "mount shards read-only as one tree (FUSE)",
+        "Mount the SHARDs (files or block devices) and/or every shard of\n"
+        "--shard-dir read-only at MOUNTPOINT through FUSE. Each object is a file\n"
+        "named by its 64-hex key; a key in several shards shows once. With\n"
+        "--shard-dir, shards added to or removed from the directory show within\n"
+        "seconds (inotify; SIGHUP forces a rescan). Runs in the background\n"
+        "unless -f; unmount with 'shardfs umount MOUNTPOINT'.\n"
+        "\n"
+        "Layouts: 'flat' lists every object at the root; 'fanout' lists\n"
+        "directories sliced from the key (--slicing 0:2/2:4 gives ab/cd/<key>);\n"
+        "'auto' is flat up to 100,000 objects, else fanout (always fanout with\n"
+        "--shard-dir). MOUNTPOINT/<key> always works, listed or not.\n"
+        "\n"
+        "Each shard's sidecar (a filter over its keys, and its keys in order)\n"
+        "is built in the background on first mount and kept in --cache-dir.\n"
+        "\n"
+        "-o takes FUSE options (allow_other, default_permissions, fsname=...),\n"
+        "uid=N and gid=N (owner of every file), layout=, slicing=, cache_dir=.\n"
+        "The mount is always ro,nosuid,nodev. As an fstab line (mount.fuse3\n"
+        "runs 'shardfs SOURCE MOUNTPOINT -o OPTIONS'; a directory SOURCE is a\n"
+        "--shard-dir):\n"
+        "  /srv/shards  /mnt/shards  fuse.shardfs  ro,allow_other,layout=fanout  0 0",
         "  shardfs mount my.shard /mnt/shard\n"
+        "  shardfs mount a.shard b.shard /dev/rbd0 /mnt/shards\n"
+        "  shardfs mount --shard-dir /srv/shards --layout fanout /mnt/shards\n"
         "  shardfs mount -f --log-file fuse.log my.shard /mnt/shard\n"
-        "  shardfs mount -o allow_other my.shard /mnt/shard\n",
+        "  shardfs mount -o allow_other,uid=1000,gid=1000 my.shard /mnt/shard\n"
+        "  mount -t fuse.shardfs -o ro,allow_other /srv/shards /mnt/shards\n",
     )
-    # SHARD [SHARD ...] MOUNTPOINT: one shard for now; the syntax is ready
-    # for several (shardfs.fuse.mount.mount takes a list).
-    p.add_argument("shards", metavar="SHARD", nargs="+", help="the shard file (or block device)")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
+    # One positional list, SHARD... MOUNTPOINT (split in cmd_mount), so that
+    # options may come anywhere among them.
+    p.usage = "%(prog)s [-h] [-f] [-o OPTIONS] [--shard-dir DIR] [--layout L] [--slicing S]\n" \
+              "       [--cache-dir DIR] [--log-file FILE] [--debug] [SHARD ...] MOUNTPOINT"
+    p.add_argument("paths", metavar="[SHARD ...] MOUNTPOINT", nargs="*",
+                   help="shard files or block devices, then an existing empty directory")
+    p.add_argument("--shard-dir", metavar="DIR",
+                   help="serve every shard in DIR, and follow it (shards added or removed)")
+    p.add_argument("--layout", choices=("auto", "flat", "fanout"), default=None,
+                   help="directory layout (default: auto)")
+    p.add_argument("--slicing", metavar="SLICES",
+                   help="fan-out directory levels as hex slices of the key (default 0:2/2:4)")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="where sidecars are kept (default: $SHARDFS_CACHE_DIR, else "
+                        "$XDG_CACHE_HOME/shardfs, else ~/.cache/shardfs)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument(
         "-o", dest="options", metavar="OPTIONS", action="append",
-        help="FUSE mount options, comma-separated (may be repeated)",
+        help="mount options, comma-separated (may be repeated)",
     )
-    p.add_argument("--log-file", metavar="FILE", help="write the filesystem's log to FILE")
+    p.add_argument("--log-file", metavar="FILE",
+                   help="write the filesystem's log to FILE (INFO; DEBUG with --debug)")
 
     p = command(
         "umount", cmd_umount,
@@ -667,6 +721,21 @@ def _silence_stdout() -> None:
         pass
 
 
+def _helper_argv(argv: List[str]) -> bool:
+    """Rewrite a mount helper call in place; True if it was one.
+
+    mount(8) and mount.fuse3 run ``shardfs SOURCE MOUNTPOINT -o OPTIONS``
+    for an fstab line of type ``fuse.shardfs``. That becomes ``shardfs
+    mount [--shard-dir] SOURCE MOUNTPOINT -o OPTIONS``: a directory SOURCE
+    is a shard directory.
+    """
+    if len(argv) < 2 or argv[0].startswith("-") or argv[0] in COMMANDS:
+        return False
+    source = argv[0]
+    argv[:1] = ["mount", "--shard-dir", source] if os.path.isdir(source) else ["mount", source]
+    return True
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line.
 
@@ -675,8 +744,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     :returns: the exit status (0, 1, 2, 130 or 141; see the module docstring).
     """
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    helper = _helper_argv(argv)
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            # argparse cannot take positionals after options that follow
+            # earlier positionals ("mount A --layout flat MP"): for mount,
+            # the rest are paths too; anything else is an error.
+            if getattr(args, "command", None) != "mount" or any(e.startswith("-") for e in extras):
+                parser.error(f"unrecognized arguments: {' '.join(extras)}")
+            args.paths += extras
+        if helper:
+            args.helper = True
     except UsageError as exc:
         report(str(exc))
         return EXIT_USAGE

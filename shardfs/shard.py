@@ -87,6 +87,11 @@ class Shard:
         """Unmap and close the file. Further use raises ValueError."""
         self._reader.close()
 
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called."""
+        return self._reader.closed
+
     # -- structure ----------------------------------------------------------
     @property
     def header(self) -> Header:

@@ -53,8 +53,11 @@ def sha256(data: bytes) -> bytes:
 
 
 def ls_map(shard) -> dict:
-    """``shardfs ls`` as {hex key: size in bytes}."""
-    proc = run("ls", shard)
+    """``shardfs ls -l`` as {hex key: size in bytes}, checked against the
+    plain ``shardfs ls`` (keys only, same order)."""
+    plain = run("ls", shard)
+    assert plain.returncode == 0, plain.stderr
+    proc = run("ls", "-l", shard)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == b""
     out = {}
@@ -63,6 +66,7 @@ def ls_map(shard) -> dict:
         assert len(key) == 64 and key == key.lower()
         assert key not in out
         out[key] = int(size)
+    assert plain.stdout.decode().split("\n")[:-1] == list(out)
     return out
 
 
@@ -542,7 +546,7 @@ def test_ls_into_a_closed_pipe(tmp_path):
         SHARDFS + ["ls", str(shard)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     first = proc.stdout.readline()
-    assert len(first.split()) == 2
+    assert len(first.strip()) == 64
     proc.stdout.close()
     err = proc.stderr.read()
     proc.wait(timeout=TIMEOUT)

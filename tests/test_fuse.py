@@ -369,11 +369,13 @@ def test_stat_attributes(mnt, corpus):
     assert out == "4097 444 regular file"
 
 
-def test_inode_is_slot_plus_two(mnt, corpus):
+def test_inode_is_shard_number_and_slot(mnt, corpus):
+    """An object's inode is (shard number + 1) << 32 | slot: stable across
+    remounts, unique across shards."""
     point, objects = mnt
     with shardfs.Shard(str(corpus[0])) as s:
         for key in objects:
-            assert os.stat(point / key).st_ino == s.slot_of(bytes.fromhex(key)) + 2
+            assert os.stat(point / key).st_ino == (1 << 32) | s.slot_of(bytes.fromhex(key))
 
 
 def test_inodes_stable_across_remount(corpus, mounter, tmp_path):
@@ -586,7 +588,7 @@ def test_xattrs(mnt):
     with pytest.raises(OSError) as exc:
         os.getxattr(p, "user.anything")
     assert exc.value.errno == errno.ENODATA
-    assert os.listxattr(p) == []
+    assert sorted(os.listxattr(p)) == ["user.shardfs.offset", "user.shardfs.shard"]
     with pytest.raises(OSError) as exc:
         os.getxattr(point, "user.anything")
     assert exc.value.errno == errno.ENODATA
@@ -941,8 +943,12 @@ def test_slow_read_does_not_stall_other_requests(corpus):
             time.sleep(0.5)
             return self._shard.pread(*args)
 
-    with shardfs.Shard(str(path)) as real:
-        fs = ShardFS(SlowShard(real))
+    from shardfs.fuse.shardset import ShardSet
+
+    shards = ShardSet(cache_dir=str(path.parent / "cache"))
+    shards.add(str(path), shard=SlowShard(shardfs.Shard(str(path))))
+    try:
+        fs = ShardFS(shards)
         done = {}
 
         async def main():
@@ -967,6 +973,8 @@ def test_slow_read_does_not_stall_other_requests(corpus):
 
         trio.run(main)
         fs.close()
+    finally:
+        shards.close()
     assert done["data"] == objects[small]
     assert done["others_at"] < done["read_at"]
 
@@ -976,23 +984,30 @@ def test_handlers_bookkeeping(corpus):
     import trio
 
     from shardfs.fuse.fs import CACHE_TIMEOUT, ShardFS
+    from shardfs.fuse.layout import object_inode
+    from shardfs.fuse.shardset import ShardSet
 
     path, objects = corpus
     key = sorted(objects)[0]
-    with shardfs.Shard(str(path)) as shard:
-        fs = ShardFS(shard)
+    shards = ShardSet(cache_dir=str(path.parent / "cache"))
+    shard = shards.add(str(path)).shard
+    try:
+        fs = ShardFS(shards)
 
         async def main():
             a1 = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
             a2 = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
-            assert a1.st_ino == a2.st_ino == shard.slot_of(bytes.fromhex(key)) + 2
+            assert a1.st_ino == a2.st_ino == object_inode(0, shard.slot_of(bytes.fromhex(key)))
             assert a1.entry_timeout >= CACHE_TIMEOUT and a1.attr_timeout >= CACHE_TIMEOUT
-            await fs.forget([(a1.st_ino, 1)])
+            await fs.forget([(a1.st_ino, 2)])
+            # The inode carries its location: still answered after forget,
+            # even once the filesystem's small cache of locations is gone.
+            fs._objects.clear()
             assert (await fs.getattr(a1.st_ino, None)).st_size == len(objects[key])
-            await fs.forget([(a1.st_ino, 1)])
-            with pytest.raises(pyfuse3.FUSEError) as exc:
-                await fs.getattr(a1.st_ino, None)
-            assert exc.value.errno == errno.ENOENT
+            for bogus in (object_inode(0, shard.slot_count), object_inode(7, 0)):
+                with pytest.raises(pyfuse3.FUSEError) as exc:
+                    await fs.getattr(bogus, None)
+                assert exc.value.errno == errno.ENOENT
             for bad in (b"nothex", key.upper().encode(), key[:-1].encode(), hashlib.sha256(b"?").hexdigest().encode()):
                 neg = await fs.lookup(pyfuse3.ROOT_INODE, bad, None)
                 assert neg.st_ino == 0 and neg.entry_timeout >= CACHE_TIMEOUT
@@ -1015,3 +1030,5 @@ def test_handlers_bookkeeping(corpus):
 
         trio.run(main)
         fs.close()
+    finally:
+        shards.close()

@@ -83,7 +83,7 @@ def build_with_shardfs(path, objects):
 
 
 def shardfs_ls(path):
-    proc = shardfs_cli("ls", path)
+    proc = shardfs_cli("ls", "-l", path)
     assert proc.returncode == 0, proc.stderr
     return {k: int(s) for k, s in (line.split() for line in proc.stdout.decode().splitlines())}
 

@@ -1,9 +1,11 @@
-"""Mounting and unmounting a shard: checks, the pyfuse3 main loop, the daemon.
+"""Mounting and unmounting shards: checks, the pyfuse3 main loop, the daemon.
 
-`mount()` checks everything it can before touching the kernel (the mount
-point, the options, the shard itself), then either serves in the foreground
-(`foreground=True`, until SIGINT/SIGTERM or an external unmount) or starts a
-detached daemon process and returns once the filesystem answers.
+`mount()` checks what it can before touching the kernel (the options, the
+mount point, the shard directory, the layout), then either serves in the
+foreground (`foreground=True`, until SIGINT/SIGTERM or an external unmount)
+or starts a detached daemon process and returns once the filesystem
+answers. The process that serves opens and validates the shards
+(`open_shard_set`): an error there fails the mount with one line.
 
 The daemon is a fresh interpreter (``python -m shardfs.fuse.mount --serve``),
 not a fork: trio and pyfuse3 do not survive a fork after they start. It
@@ -16,8 +18,7 @@ missing) and clears a stale mount left by a killed daemon ("Transport
 endpoint is not connected") with a lazy unmount.
 
 Errors the user can fix (bad mount point, bad option, not a mount) raise
-`shardfs.ShardError` with a one-line message; a corrupt shard raises
-`shardfs.CorruptShardError` before anything is mounted.
+`shardfs.ShardError` with a one-line message.
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ import signal
 import subprocess
 import sys
 import time
-from typing import IO, Callable, Iterable, List, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:  # imported lazily at run time: pyfuse3 and trio are heavy
+    from shardfs.fuse.fs import ShardFS
+    from shardfs.fuse.layout import Layout
+    from shardfs.fuse.shardset import ShardSet
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -162,24 +168,52 @@ def check_mountpoint(mountpoint: str) -> str:
     return path
 
 
-def build_options(shard_paths: Sequence[str], user_options: Optional[Iterable[str]]) -> List[str]:
-    """The libfuse option list: ours plus the user's ``-o`` options.
+#: ``-o`` options shardfs reads itself (never given to libfuse):
+#: owner of every file, layout, slicing, sidecar cache directory.
+OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir")
 
-    `user_options` items may be comma-separated lists. "rw" is refused (the
-    filesystem is read-only); a user fsname= or subtype= replaces ours.
-    Raises ShardError for a refused option.
+#: Options mount(8) and mount.fuse3 pass by default (``rw,dev,suid`` for
+#: an fstab line with ``defaults``), accepted and ignored when shardfs runs
+#: as a mount helper: a shardfs mount is always ro, nosuid and nodev.
+HELPER_IGNORED = ("rw", "dev", "suid", "exec", "auto", "noauto", "user", "nouser",
+                  "users", "_netdev", "nofail", "defaults")
+
+
+def build_options(shard_paths: Sequence[str], user_options: Optional[Iterable[str]],
+                  helper: bool = False) -> "Tuple[List[str], Dict[str, str]]":
+    """Split ``-o`` options into (libfuse options, shardfs's own options).
+
+    `user_options` items may be comma-separated lists. The libfuse list is
+    ours (`BASE_OPTIONS`, fsname) plus the user's; a user fsname= or
+    subtype= replaces ours. Own options (`OWN_OPTIONS`) come back as a dict
+    of strings. "rw", "suid" and "dev" are refused (shardfs is read-only,
+    nosuid, nodev), except with `helper` (run by mount.fuse3), where they
+    and the other `HELPER_IGNORED` options are dropped. Raises ShardError
+    for a refused or malformed option.
     """
     extra: List[str] = []
+    own: Dict[str, str] = {}
     for item in user_options or ():
         for opt in str(item).split(","):
             opt = opt.strip()
             if not opt:
                 continue
-            if opt == "rw":
-                raise _shard_error("mount option 'rw' is not allowed: shardfs is read-only")
+            if helper and opt in HELPER_IGNORED:
+                continue
+            if opt in ("rw", "suid", "dev"):
+                raise _shard_error(f"mount option '{opt}' is not allowed: shardfs is always ro,nosuid,nodev")
             if not opt.isascii() or any(c.isspace() for c in opt):
                 raise _shard_error(f"invalid mount option {opt!r}")
+            key, eq, value = opt.partition("=")
+            if key in OWN_OPTIONS:
+                if not eq or not value:
+                    raise _shard_error(f"mount option {key} needs a value ({key}=...)")
+                own[key] = value
+                continue
             extra.append(opt)
+    for key in ("uid", "gid"):
+        if key in own and not own[key].isdigit():
+            raise _shard_error(f"mount option {key}={own[key]}: expected a number")
     name = os.path.basename(os.path.abspath(shard_paths[0])) if shard_paths else "shard"
     # libfuse splits options on commas and wants ASCII: keep the name tame.
     name = re.sub(r"[^A-Za-z0-9._+-]", "_", name) or "shard"
@@ -190,7 +224,7 @@ def build_options(shard_paths: Sequence[str], user_options: Optional[Iterable[st
             options = [o for o in options if not o.startswith(key + "=")]
         if opt not in options:
             options.append(opt)
-    return options
+    return options, own
 
 
 # ---------------------------------------------------------------- logging
@@ -224,46 +258,85 @@ def setup_logging(debug: bool, log_file: Optional[str], stream: Optional[IO[str]
 # ------------------------------------------------------------------ serve
 
 
-def _open_shards(shard_paths: Sequence[str]) -> list:
-    from shardfs import Shard
+#: The default layout lists every object at the root ("flat") when the
+#: mount holds at most this many objects when it starts, else "fanout".
+AUTO_FLAT_LIMIT = 100_000
 
-    if not shard_paths:
+
+def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
+                   cache_dir: Optional[str] = None) -> "ShardSet":
+    """Open the shards of a mount: `shard_paths` in order (each must be a
+    valid shard: errors propagate), then the shards of `shard_dir` in name
+    order (invalid ones are logged and skipped; they are retried when they
+    change). Sidecars are loaded from `cache_dir`, never built here.
+    Raises ShardError when there is nothing to serve and no directory."""
+    from shardfs.fuse.shardset import ShardSet
+
+    if not shard_paths and shard_dir is None:
         raise _shard_error("no shard to mount")
-    if len(shard_paths) > 1:
-        raise _shard_error("mounting several shards at once is not supported yet; mount one shard")
-    shards = []
+    shards = ShardSet(cache_dir=cache_dir, shard_dir=shard_dir)
     try:
         for p in shard_paths:
-            shards.append(Shard(p))
+            if p in shards.by_path:
+                continue  # the same shard twice: serve it once
+            shards.add(p)
+        if shard_dir is not None:
+            try:
+                shards.rescan()
+            except OSError as exc:
+                raise _shard_error(f"shard directory {shard_dir}: {exc.strerror or exc}") from None
     except BaseException:
-        for s in shards:
-            s.close()
+        shards.close()
         raise
     return shards
 
 
+def choose_layout(name: str, slicing: Optional[str], shards: "ShardSet") -> "Layout":
+    """The Layout for `--layout NAME` ("auto", "flat" or "fanout") and
+    `--slicing`. "auto" is flat up to AUTO_FLAT_LIMIT objects, else fan-out.
+    Raises ShardError for an unknown name or a bad slicing."""
+    from shardfs.fuse.layout import DEFAULT_SLICING, Layout
+
+    if name == "auto":
+        total = sum(m.objects for m in shards.served())
+        name = "flat" if total <= AUTO_FLAT_LIMIT and shards.shard_dir is None else "fanout"
+    if name == "flat":
+        return Layout.flat()
+    if name == "fanout":
+        try:
+            return Layout.fanout(slicing or DEFAULT_SLICING)
+        except ValueError as exc:
+            raise _shard_error(str(exc)) from None
+    raise _shard_error(f"unknown layout {name!r}: expected auto, flat or fanout")
+
+
 def serve(
-    shards: list,
+    shards: "ShardSet",
     mountpoint: str,
     options: Sequence[str],
+    layout: Optional["Layout"] = None,
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
     ready_fd: Optional[int] = None,
     on_ready: Optional[Callable[[], None]] = None,
 ) -> int:
-    """Mount `shards` on `mountpoint` and serve until unmounted or signalled.
+    """Mount the shard set on `mountpoint` and serve until unmounted or signalled.
 
-    SIGINT, SIGTERM and SIGHUP (unless ignored, as the daemon does) end the
-    main loop gracefully (a second one cancels requests still running); the
-    filesystem is unmounted on the way out whatever happens. When `ready_fd` is given, "ok\\n" is written to it
-    once the mount answers a stat, or "error: <message>\\n" if mounting
-    failed, and it is closed; `on_ready` is called just before "ok" is
-    written. Returns the exit status (0 = clean unmount).
+    SIGINT and SIGTERM end the main loop gracefully (a second one cancels
+    requests still running); SIGHUP rescans the shard directory when there
+    is one, else (in the foreground: the terminal went away) ends it too.
+    The filesystem is unmounted on the way out whatever happens. When
+    `ready_fd` is given, "ok\\n" is written to it once the mount answers a
+    stat, or "error: <message>\\n" if mounting failed, and it is closed;
+    `on_ready` is called just before "ok" is written. Returns the exit
+    status (0 = clean unmount).
     """
     import pyfuse3
     import trio
 
     from shardfs.fuse.fs import ShardFS
 
-    fs = ShardFS(shards)
+    fs = ShardFS(shards, layout=layout, uid=uid, gid=gid, live=shards.shard_dir is not None)
     try:
         pyfuse3.init(fs, mountpoint, set(options))
     except RuntimeError as exc:
@@ -272,10 +345,12 @@ def serve(
         _report(ready_fd, "error: " + message)
         raise _shard_error(message) from None
 
-    log.info("mounted %s on %s (options %s)", shards[0].path, mountpoint, ",".join(options))
+    what = shards.shard_dir or ", ".join(m.path for m in shards.served())
+    log.info("mounted %s on %s (%d shard(s), layout %s, options %s)", what, mountpoint, len(shards),
+             fs.layout.describe(), ",".join(options))
     status = 0
     try:
-        trio.run(_main, mountpoint, ready_fd, on_ready)
+        trio.run(_main, fs, mountpoint, ready_fd, on_ready)
     except (KeyboardInterrupt, SystemExit):
         _report(ready_fd, "error: interrupted")
         raise  # after the unmount below
@@ -293,25 +368,33 @@ def serve(
     return status
 
 
-async def _main(mountpoint: str, ready_fd: Optional[int], on_ready: Optional[Callable[[], None]]) -> None:
+async def _main(fs: "ShardFS", mountpoint: str, ready_fd: Optional[int],
+                on_ready: Optional[Callable[[], None]]) -> None:
     import pyfuse3
     import trio
+
+    follows_dir = fs.shards.shard_dir is not None
 
     async with trio.open_nursery() as nursery:
 
         async def run_fuse() -> None:
             await pyfuse3.main()
             # The loop ended (pyfuse3.terminate() or an external unmount):
-            # stop the signal watcher and the readiness probe too.
+            # stop the signal watcher, the readiness probe and the
+            # filesystem's background tasks too.
             nursery.cancel_scope.cancel()
 
         async def watch_signals() -> None:
             signums = [signal.SIGINT, signal.SIGTERM]
-            if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-                signums.append(signal.SIGHUP)  # foreground: the terminal went away
+            if follows_dir or signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+                signums.append(signal.SIGHUP)
             with trio.open_signal_receiver(*signums) as signals:
                 count = 0
                 async for signum in signals:
+                    if signum == signal.SIGHUP and follows_dir:
+                        log.info("got SIGHUP: rescanning %s", fs.shards.shard_dir)
+                        fs.request_rescan()
+                        continue
                     count += 1
                     if count == 1:
                         log.info("got signal %d: unmounting", signum)
@@ -336,6 +419,7 @@ async def _main(mountpoint: str, ready_fd: Optional[int], on_ready: Optional[Cal
         nursery.start_soon(run_fuse)
         nursery.start_soon(watch_signals)
         nursery.start_soon(announce_ready)
+        nursery.start_soon(fs.run_background)
 
 
 async def _to_thread_abandonable(fn: Callable[..., object], *args: object) -> object:
@@ -373,13 +457,28 @@ def mount(
     options: Optional[Sequence[str]] = None,
     debug: bool = False,
     log_file: Optional[str] = None,
+    shard_dir: Optional[str] = None,
+    layout: Optional[str] = None,
+    slicing: Optional[str] = None,
+    cache_dir: Optional[str] = None,
+    helper: bool = False,
 ) -> int:
-    """Mount the shard(s) read-only on `mountpoint`; return an exit status.
+    """Mount shards read-only on `mountpoint`; return an exit status.
 
-    Checks, before anything is mounted: the mount point (exists, directory,
-    empty, not a mount point), the options (`build_options`), and the shard
-    (opened and validated: a corrupt one raises CorruptShardError, a missing
-    one an OSError). Usage errors raise ShardError with a one-line message.
+    `shard_paths` (files or block devices) and/or `shard_dir` (a directory
+    whose shards are served and followed live) name what to serve.
+    `layout` is "auto" (default), "flat" or "fanout" with `slicing`
+    (default "0:2/2:4"); `cache_dir` holds the sidecars (default
+    `shardfs.sidecar.default_cache_dir()`). The same settings may come as
+    ``-o layout=,slicing=,cache_dir=``, and ``-o uid=,gid=`` set the owner
+    of every file; arguments win over ``-o``. `helper`: run by mount.fuse3
+    (see `build_options`).
+
+    Checked before anything is mounted: the options, the mount point
+    (exists, directory, empty, not a mount point), the shard directory, the
+    layout. The shards are opened and validated by the process that serves
+    them: a corrupt or missing shard fails the mount with a one-line
+    ShardError (CorruptShardError / OSError in the foreground).
 
     Foreground: serves in this process until SIGINT/SIGTERM or an external
     unmount, then returns 0 (the mount is always removed).
@@ -388,26 +487,54 @@ def mount(
     the daemon's error if it could not mount.
     """
     shard_paths = [os.path.abspath(p) for p in shard_paths]
-    opts = build_options(shard_paths, options)
-    mp = check_mountpoint(mountpoint)
-    shards = _open_shards(shard_paths)
-    if foreground:
-        setup_logging(debug, log_file)
+    if shard_dir is not None:
+        shard_dir = os.path.abspath(shard_dir)
+        if not os.path.isdir(shard_dir):
+            raise _shard_error(f"shard directory {shard_dir} is not a directory")
+    if not shard_paths and shard_dir is None:
+        raise _shard_error("no shard to mount: give SHARD paths or --shard-dir")
+    opts, own = build_options(shard_paths or [shard_dir or "shards"], options, helper=helper)
+    layout = layout or own.get("layout") or "auto"
+    slicing = slicing or own.get("slicing")
+    cache_dir = os.path.abspath(cache_dir or own.get("cache_dir") or _default_cache_dir())
+    uid = int(own["uid"]) if "uid" in own else None
+    gid = int(own["gid"]) if "gid" in own else None
+    if layout not in ("auto", "flat", "fanout"):
+        raise _shard_error(f"unknown layout {layout!r}: expected auto, flat or fanout")
+    if slicing is not None:
+        from shardfs.fuse.layout import parse_slicing
+
         try:
-            return serve(shards, mp, opts)
-        finally:
-            for s in shards:
-                s.close()
-    for s in shards:
-        s.close()
-    return _spawn_daemon(shard_paths, mp, opts, debug, log_file)
+            parse_slicing(slicing)
+        except ValueError as exc:
+            raise _shard_error(str(exc)) from None
+    mp = check_mountpoint(mountpoint)
+    if not foreground:
+        return _spawn_daemon(shard_paths, mp, opts, debug, log_file, shard_dir=shard_dir, layout=layout,
+                             slicing=slicing, cache_dir=cache_dir, uid=uid, gid=gid)
+    setup_logging(debug, log_file)
+    shards = open_shard_set(shard_paths, shard_dir, cache_dir)
+    try:
+        return serve(shards, mp, opts, choose_layout(layout, slicing, shards), uid, gid)
+    finally:
+        shards.close()
 
 
-def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], debug: bool, log_file: Optional[str]) -> int:
+def _default_cache_dir() -> str:
+    from shardfs.sidecar import default_cache_dir
+
+    return default_cache_dir()
+
+
+def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], debug: bool,
+                  log_file: Optional[str], **settings: object) -> int:
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "shardfs.fuse.mount", "--serve", "--ready-fd", str(wfd), "--mountpoint", mountpoint]
     for opt in options:
         cmd += ["--option", opt]
+    for name, value in settings.items():
+        if value is not None:
+            cmd += ["--" + name.replace("_", "-"), str(value)]
     if debug:
         cmd.append("--debug")
     if log_file:
@@ -496,24 +623,32 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--ready-fd", type=int)
     parser.add_argument("--mountpoint", required=True)
     parser.add_argument("--option", action="append", default=[])
+    parser.add_argument("--shard-dir")
+    parser.add_argument("--layout", default="auto")
+    parser.add_argument("--slicing")
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--uid", type=int)
+    parser.add_argument("--gid", type=int)
     parser.add_argument("--debug", action="store_true")
     parser.add_argument("--log-file")
-    parser.add_argument("shards", nargs="+")
+    parser.add_argument("shards", nargs="*")
     args = parser.parse_args(argv)
 
     ready_fd = args.ready_fd
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if args.shard_dir is None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # Logging: the log file, else nowhere (stderr goes away once detached).
     devnull = open(os.devnull, "w")
     setup_logging(args.debug, args.log_file, stream=devnull if not args.log_file else None)
     try:
-        shards = _open_shards(args.shards)
+        shards = open_shard_set(args.shards, args.shard_dir, args.cache_dir)
     except Exception as exc:
         _report(ready_fd, f"error: {exc}")
         return 1
     try:
         try:
             check_mountpoint(args.mountpoint)
+            layout = choose_layout(args.layout, args.slicing, shards)
         except Exception as exc:
             _report(ready_fd, f"error: {exc}")
             return 1
@@ -522,6 +657,9 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
                 shards,
                 args.mountpoint,
                 args.option,
+                layout=layout,
+                uid=args.uid,
+                gid=args.gid,
                 ready_fd=ready_fd,
                 on_ready=lambda: _detach_stderr(args.log_file),
             )
@@ -529,8 +667,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
             _report(ready_fd, f"error: {exc}")
             return 1
     finally:
-        for s in shards:
-            s.close()
+        shards.close()
 
 
 def _detach_stderr(log_file: Optional[str]) -> None:

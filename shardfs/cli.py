@@ -262,6 +262,13 @@ def cmd_create(args: argparse.Namespace) -> int:
 
     shard = args.shard
     if os.path.lexists(shard) and not args.force:
+        try:
+            is_device = stat.S_ISBLK(os.stat(shard).st_mode)
+        except OSError:
+            is_device = False
+        if is_device:
+            raise Failure(f"{shard}: is a block device; writing a shard onto it overwrites its "
+                          f"first bytes (use --force to write it)")
         raise Failure(f"{shard}: already exists (use --force to replace it)")
     for top in args.paths:  # a missing source fails before anything is written
         os.stat(top)
@@ -569,7 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
         "is left behind.",
         "  shardfs create my.shard ./objects/\n"
         "  shardfs create my.shard a.txt b.bin more-files/\n"
-        "  shardfs create --force my.shard ./objects/   # replace my.shard\n",
+        "  shardfs create --force my.shard ./objects/   # replace my.shard\n"
+        "  shardfs create --force /dev/rbd0 ./objects/  # onto a block device, in place\n",
     )
     p.add_argument("shard", metavar="SHARD", help="the shard file to create")
     p.add_argument("paths", metavar="PATH", nargs="+", help="files and directories to store")

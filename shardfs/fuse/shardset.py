@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -281,21 +282,28 @@ class ShardSet:
         BlockingIOError when a probe would wait for the device. Raises
         CorruptShardError when a probed slot is corrupt.
         """
-        self.lookups += 1
-        for number in self.filters.candidates(key):
-            if below is not None and number >= below:
-                break
-            member = self.shards.get(number)
-            if member is None or member.removed:
-                continue
-            self.probes += 1
-            try:
-                found = member.shard.find(key, nowait=nowait)
-            except ValueError:  # closed under us: it was removed
-                continue
-            if found is not None:
-                return (member, found[0], found[1], found[2])
-        return None
+        probes = 0
+        try:
+            for number in self.filters.candidates(key):
+                if below is not None and number >= below:
+                    break
+                member = self.shards.get(number)
+                if member is None or member.removed:
+                    continue
+                probes += 1
+                try:
+                    found = member.shard.find(key, nowait=nowait)
+                except ValueError:  # closed under us: it was removed
+                    continue
+                if found is not None:
+                    return (member, found[0], found[1], found[2])
+            return None
+        finally:
+            if not (nowait and sys.exc_info()[0] is BlockingIOError):
+                # Counted once per answer: a page-cache-only attempt that
+                # must be retried in a thread is not a lookup of its own.
+                self.lookups += 1
+                self.probes += probes
 
     # --------------------------------------------------------- directory
 

@@ -179,10 +179,13 @@ class Shard:
         at its end: b"" at or past the end. Releases the GIL."""
         return self._reader.pread(data_offset, size, offset, length)
 
-    def slot(self, slot: int) -> Optional[Tuple[bytes, int, int]]:
+    def slot(self, slot: int, nowait: bool = False) -> Optional[Tuple[bytes, int, int]]:
         """``(key, data_offset, size)`` of a live slot, None if empty.
-        IndexError outside 0..slot_count-1."""
-        return self._reader.slot(slot)
+        IndexError outside 0..slot_count-1; CorruptShardError when the slot
+        points outside the objects section. With ``nowait=True`` the slot
+        and size field are read from the page cache only, else
+        BlockingIOError (as `find`)."""
+        return self._reader.slot(slot, nowait)
 
     def scan(self, start_slot: int = 0, batch: int = 4096,
              on_corrupt: Optional[Callable[[int], None]] = None) -> Iterator[Tuple[int, bytes, int, int]]:

@@ -341,12 +341,11 @@ static PyObject *Reader_slot_of(Reader *self, PyObject *arg)
 }
 
 /* slot(i) -> (key, data_offset, size) for a live slot, None if empty */
-static PyObject *Reader_slot(Reader *self, PyObject *arg)
+static PyObject *Reader_slot(Reader *self, PyObject *args)
 {
-    if (!reader_ready(self))
-        return NULL;
-    unsigned long long slot = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred())
+    unsigned long long slot;
+    int nowait = 0;
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "K|p", &slot, &nowait))
         return NULL;
     if (slot >= sfs_slot_count(self->shard)) {
         PyErr_SetString(PyExc_IndexError, "slot out of range");
@@ -354,9 +353,14 @@ static PyObject *Reader_slot(Reader *self, PyObject *arg)
     }
     uint8_t key[SFS_KEY_SIZE];
     uint64_t off = 0, size = 0;
-    int rc = sfs_slot_object(self->shard, slot, key, &off, &size);
+    int rc = nowait ? sfs_slot_object_nowait(self->shard, slot, key, &off, &size)
+                    : sfs_slot_object(self->shard, slot, key, &off, &size);
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_NONE;
+    if (rc == SFS_EAGAIN) {
+        PyErr_SetString(PyExc_BlockingIOError, "not in the page cache");
+        return NULL;
+    }
     if (rc != SFS_OK) {
         PyErr_Format(CorruptShardError, "%s: slot %llu points outside the objects section",
                      sfs_path(self->shard), slot);
@@ -509,8 +513,9 @@ static PyMethodDef Reader_methods[] = {
      "prefetch(data_offset, size, length): start reading an object's first bytes into the "
      "page cache; returns at once."},
     {"slot_of", (PyCFunction)Reader_slot_of, METH_O, "slot_of(key32) -> slot the key hashes to."},
-    {"slot", (PyCFunction)Reader_slot, METH_O,
-     "slot(i) -> (key32, data_offset, size) for a live slot, None for an empty one."},
+    {"slot", (PyCFunction)Reader_slot, METH_VARARGS,
+     "slot(i, nowait=False) -> (key32, data_offset, size) for a live slot, None for an empty "
+     "one; nowait: from the page cache only, else BlockingIOError."},
     {"scan", (PyCFunction)Reader_scan, METH_VARARGS,
      "scan(start_slot, max_items, skip_corrupt=False) -> "
      "([(slot, key32, data_offset, size)...], next_slot, skipped)."},

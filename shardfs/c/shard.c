@@ -364,22 +364,15 @@ static int read_nowait(const sfs_shard_t *s, void *dst, size_t length, uint64_t 
     return SFS_EAGAIN;
 }
 
-int sfs_lookup_nowait(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
-                      uint64_t *data_offset, uint64_t *size)
+/* resolve() from the page cache only. */
+static int resolve_nowait(const sfs_shard_t *s, uint64_t offset, uint64_t *data_offset,
+                          uint64_t *size)
 {
-    *slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
-    if (*slot >= s->slots)
-        return SFS_ECORRUPT;
-    uint8_t raw[SFS_SLOT_SIZE], be[8];
-    int rc = read_nowait(s, raw, sizeof(raw), s->header.index_position + *slot * (uint64_t)SFS_SLOT_SIZE);
-    if (rc != SFS_OK)
-        return rc;
-    uint64_t offset = be64(raw + SFS_KEY_SIZE);
-    if (offset == SFS_EMPTY_OFFSET || memcmp(raw, key, SFS_KEY_SIZE) != 0)
-        return SFS_ENOTFOUND;
+    uint8_t be[8];
     if (!size_field_ok(s, offset))
         return SFS_ECORRUPT;
-    if ((rc = read_nowait(s, be, 8, offset)) != SFS_OK)
+    int rc = read_nowait(s, be, 8, offset);
+    if (rc != SFS_OK)
         return rc;
     uint64_t n = be64(be);
     if (!object_fits(s, offset, n))
@@ -387,6 +380,45 @@ int sfs_lookup_nowait(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uin
     *data_offset = offset + 8;
     *size = n;
     return SFS_OK;
+}
+
+/* The 40 bytes of slot `slot` (< s->slots) from the page cache only. */
+static int slot_nowait(const sfs_shard_t *s, uint64_t slot, uint8_t raw[SFS_SLOT_SIZE])
+{
+    return read_nowait(s, raw, SFS_SLOT_SIZE, s->header.index_position + slot * (uint64_t)SFS_SLOT_SIZE);
+}
+
+int sfs_lookup_nowait(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
+                      uint64_t *data_offset, uint64_t *size)
+{
+    *slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
+    if (*slot >= s->slots)
+        return SFS_ECORRUPT;
+    uint8_t raw[SFS_SLOT_SIZE];
+    int rc = slot_nowait(s, *slot, raw);
+    if (rc != SFS_OK)
+        return rc;
+    uint64_t offset = be64(raw + SFS_KEY_SIZE);
+    if (offset == SFS_EMPTY_OFFSET || memcmp(raw, key, SFS_KEY_SIZE) != 0)
+        return SFS_ENOTFOUND;
+    return resolve_nowait(s, offset, data_offset, size);
+}
+
+int sfs_slot_object_nowait(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE],
+                           uint64_t *data_offset, uint64_t *size)
+{
+    if (slot >= s->slots)
+        return SFS_EINVAL;
+    uint8_t raw[SFS_SLOT_SIZE];
+    int rc = slot_nowait(s, slot, raw);
+    if (rc != SFS_OK)
+        return rc;
+    uint64_t offset = be64(raw + SFS_KEY_SIZE);
+    if (offset == SFS_EMPTY_OFFSET)
+        return SFS_ENOTFOUND;
+    if (key_out)
+        memcpy(key_out, raw, SFS_KEY_SIZE);
+    return resolve_nowait(s, offset, data_offset, size);
 }
 
 int sfs_read_nowait(const sfs_shard_t *s, uint64_t offset, void *dst, size_t length)

@@ -82,9 +82,10 @@ typedef struct sfs_shard sfs_shard_t;
 /* Open and validate the shard at `path` (a regular file or a block device).
  * Validation, before anything is used: magic, version, every position and
  * size inside the file and in order, index_size a multiple of 40, objects_count
- * <= slots, and the whole CHD_PH dump (lengths, internal sizes, select table)
- * inside the hash section. The extent [0, end of hash) comes from the header;
- * the file or device may be larger. `writable` opens O_RDWR (for delete).
+ * <= slots, and the whole CHD_PH dump (lengths, internal sizes, select table,
+ * every bucket's displacement code) inside the hash section. The extent
+ * [0, end of hash) comes from the header; the file or device may be larger.
+ * `writable` opens O_RDWR (for delete).
  * Returns SFS_OK and sets *out, or SFS_ECORRUPT / SFS_EIO / SFS_ENOMEM. */
 int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err);
 
@@ -142,6 +143,13 @@ int sfs_prefetch(const sfs_shard_t *shard, uint64_t offset, uint64_t length);
  * bounds. */
 int sfs_slot_object(const sfs_shard_t *shard, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE],
                     uint64_t *data_offset, uint64_t *size);
+
+/* sfs_slot_object from the page cache only (preadv2 RWF_NOWAIT of the slot
+ * and of the size field): SFS_EAGAIN when a byte is not cached; retry with
+ * sfs_slot_object in a thread that may block. Used to open an object the
+ * kernel got from a listing (its inode names a slot) without a thread. */
+int sfs_slot_object_nowait(const sfs_shard_t *shard, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE],
+                           uint64_t *data_offset, uint64_t *size);
 
 /* Copy `length` bytes at absolute byte `offset` of the shard into dst.
  * The range must lie inside the objects section, else SFS_EINVAL; SFS_EIO

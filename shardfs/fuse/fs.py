@@ -391,11 +391,14 @@ class ShardFS(pyfuse3.Operations):
         self._remember(inode, member, data_offset, size)
         return self._file_attr(inode, size, member)
 
-    def _resolve_slot(self, member: MountedShard, slot: int) -> Optional[Tuple[int, int]]:
-        """(data_offset, size) of a live slot, or None (worker thread)."""
+    def _resolve_slot(self, member: MountedShard, slot: int, nowait: bool = False
+                      ) -> Optional[Tuple[int, int]]:
+        """(data_offset, size) of a live slot, or None. Without `nowait`
+        it may wait for the device (worker thread); with it, raises
+        BlockingIOError when the slot is not in the page cache."""
         if member.shard.closed:
             return None
-        found = member.shard.slot(slot)
+        found = member.shard.slot(slot, nowait)
         return None if found is None else (found[1], found[2])
 
     async def _object(self, inode: int) -> Tuple[MountedShard, int, int]:
@@ -414,7 +417,13 @@ class ShardFS(pyfuse3.Operations):
         member = self.shards.get(split[0])
         if member is None or split[1] >= member.shard.slot_count:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        found = await self._io(self._resolve_slot, member, split[1])
+        try:
+            # Inline when cached: the kernel got this inode from a listing
+            # (tar, rsync, find then open every entry) or has kept it longer
+            # than our small cache of locations.
+            found = self._resolve_slot(member, split[1], True)
+        except BlockingIOError:
+            found = await self._io(self._resolve_slot, member, split[1])
         if found is None or member.shard.closed:  # closed while the thread ran
             raise pyfuse3.FUSEError(errno.ENOENT)
         self._remember(inode, member, found[0], found[1])

@@ -26,6 +26,7 @@ SECTIONS = [
     ("build.md", "Build"),
     ("lookup.md", "Lookups"),
     ("fio.md", "Reads through the mount (fio)"),
+    ("scale.md", "Scale: 1,000 shards, start time, memory"),
 ]
 
 

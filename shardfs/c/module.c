@@ -13,6 +13,8 @@
 
 #include <errno.h>
 
+#include "guard.h"
+#include "internal.h"
 #include "shard.h"
 #include "sidecar.h"
 
@@ -87,8 +89,10 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kwds)
     int rc;
     sfs_shard_t *shard = NULL;
     const char *path = PyBytes_AS_STRING(path_obj);
+    sfs_guard_install();
     Py_BEGIN_ALLOW_THREADS
-    rc = sfs_open(path, writable, &shard, &err);
+    SFS_GUARDED(rc = sfs_fail(&err, SFS_EIO, EIO, "%s: the file shrank while it was opened", path),
+                rc = sfs_open(path, writable, &shard, &err));
     Py_END_ALLOW_THREADS
     Py_DECREF(path_obj);
     if (rc != SFS_OK) {
@@ -153,6 +157,18 @@ static PyObject *Reader_closed(Reader *self, void *closure)
     return PyBool_FromLong(self->shard == NULL);
 }
 
+/* OSError(EIO) for a call that hit SIGBUS: the file shrank under its
+ * mapping (guard.h). */
+static PyObject *gone(const char *path)
+{
+    PyObject *args = Py_BuildValue("(is)", EIO, path);
+    if (args) {
+        PyErr_SetObject(PyExc_OSError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
 static PyObject *corrupt_slot(Reader *self, const uint8_t *key)
 {
     PyErr_Format(CorruptShardError,
@@ -170,10 +186,12 @@ static PyObject *Reader_locate(Reader *self, PyObject *arg)
     uint64_t off = 0, size = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = sfs_lookup(self->shard, key, &off, &size);
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(self->shard, key, &off, &size));
     Py_END_ALLOW_THREADS
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_NONE;
+    if (rc == SFS_EGONE)
+        return gone(sfs_path(self->shard));
     if (rc != SFS_OK)
         return corrupt_slot(self, key);
     return Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)size);
@@ -182,6 +200,8 @@ static PyObject *Reader_locate(Reader *self, PyObject *arg)
 /* The exception for a failed sfs_read (errno still set for SFS_EIO). */
 static PyObject *read_failed(Reader *self, int rc)
 {
+    if (rc == SFS_EGONE)
+        return gone(sfs_path(self->shard));
     if (rc == SFS_EIO) {
         int e = errno ? errno : EIO;
         PyObject *args = Py_BuildValue("(is)", e, sfs_path(self->shard));
@@ -204,7 +224,7 @@ static PyObject *copy_out(Reader *self, uint64_t off, uint64_t size)
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = sfs_read(self->shard, off, PyBytes_AS_STRING(out), (size_t)size);
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_read(self->shard, off, PyBytes_AS_STRING(out), (size_t)size));
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK) {
         Py_DECREF(out);
@@ -228,12 +248,14 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     char small[SMALL_OBJECT];
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = sfs_lookup(self->shard, key, &off, &size);
-    if (rc == SFS_OK && size <= SMALL_OBJECT)
-        rc = sfs_read(self->shard, off, small, (size_t)size);
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(self->shard, key, &off, &size);
+                if (rc == SFS_OK && size <= SMALL_OBJECT)
+                    rc = sfs_read(self->shard, off, small, (size_t)size));
     Py_END_ALLOW_THREADS
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_NONE;
+    if (rc == SFS_EGONE)
+        return gone(sfs_path(self->shard));
     if (rc == SFS_EIO)
         return read_failed(self, rc);
     if (rc != SFS_OK)
@@ -258,18 +280,20 @@ static PyObject *Reader_find(Reader *self, PyObject *args)
     uint32_t slot = 0;
     int rc;
     if (nowait) {
-        rc = sfs_lookup_nowait(self->shard, key, &slot, &off, &size);
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_nowait(self->shard, key, &slot, &off, &size));
         if (rc == SFS_EAGAIN) {
             PyErr_SetString(PyExc_BlockingIOError, "not in the page cache");
             return NULL;
         }
     } else {
         Py_BEGIN_ALLOW_THREADS
-        rc = sfs_lookup_slot(self->shard, key, &slot, &off, &size);
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(self->shard, key, &slot, &off, &size));
         Py_END_ALLOW_THREADS
     }
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_NONE;
+    if (rc == SFS_EGONE)
+        return gone(sfs_path(self->shard));
     if (rc != SFS_OK)
         return corrupt_slot(self, key);
     return Py_BuildValue("(kKK)", (unsigned long)slot, (unsigned long long)off,
@@ -337,7 +361,12 @@ static PyObject *Reader_slot_of(Reader *self, PyObject *arg)
     uint8_t key[SFS_KEY_SIZE];
     if (!reader_ready(self) || get_key(arg, key) < 0)
         return NULL;
-    return PyLong_FromUnsignedLong(sfs_slot_of(self->shard, key));
+    uint32_t slot = 0;
+    int rc = SFS_OK;
+    SFS_GUARDED(rc = SFS_EGONE, slot = sfs_slot_of(self->shard, key));
+    if (rc == SFS_EGONE)
+        return gone(sfs_path(self->shard));
+    return PyLong_FromUnsignedLong(slot);
 }
 
 /* slot(i) -> (key, data_offset, size) for a live slot, None if empty */
@@ -353,10 +382,14 @@ static PyObject *Reader_slot(Reader *self, PyObject *args)
     }
     uint8_t key[SFS_KEY_SIZE];
     uint64_t off = 0, size = 0;
-    int rc = nowait ? sfs_slot_object_nowait(self->shard, slot, key, &off, &size)
-                    : sfs_slot_object(self->shard, slot, key, &off, &size);
+    int rc;
+    SFS_GUARDED(rc = SFS_EGONE,
+                rc = nowait ? sfs_slot_object_nowait(self->shard, slot, key, &off, &size)
+                            : sfs_slot_object(self->shard, slot, key, &off, &size));
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_NONE;
+    if (rc == SFS_EGONE)
+        return gone(sfs_path(self->shard));
     if (rc == SFS_EAGAIN) {
         PyErr_SetString(PyExc_BlockingIOError, "not in the page cache");
         return NULL;
@@ -389,9 +422,14 @@ static PyObject *Reader_scan(Reader *self, PyObject *args)
     for (; i < slots && (uint64_t)PyList_GET_SIZE(list) < max_items; i++) {
         uint8_t key[SFS_KEY_SIZE];
         uint64_t off = 0, size = 0;
-        int rc = sfs_slot_object(self->shard, i, key, &off, &size);
+        int rc;
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_slot_object(self->shard, i, key, &off, &size));
         if (rc == SFS_ENOTFOUND)
             continue;
+        if (rc == SFS_EGONE) {
+            Py_DECREF(list);
+            return gone(sfs_path(self->shard));
+        }
         if (rc != SFS_OK && skip_corrupt) {
             skipped++;
             continue;
@@ -421,10 +459,13 @@ static PyObject *Reader_live_count(Reader *self, PyObject *unused)
 {
     if (!reader_ready(self))
         return NULL;
-    uint64_t n;
+    uint64_t n = 0;
+    int rc = SFS_OK;
     Py_BEGIN_ALLOW_THREADS
-    n = sfs_live_count(self->shard);
+    SFS_GUARDED(rc = SFS_EGONE, n = sfs_live_count(self->shard));
     Py_END_ALLOW_THREADS
+    if (rc == SFS_EGONE)
+        return gone(sfs_path(self->shard));
     return PyLong_FromUnsignedLongLong(n);
 }
 
@@ -456,11 +497,12 @@ static PyObject *Reader_check(Reader *self, PyObject *args)
     if (!reader_ready(self) || !PyArg_ParseTuple(args, "|K", &max_reports))
         return NULL;
     report_buf r = {0};
-    uint64_t problems;
+    uint64_t problems = 0;
+    int rc = SFS_OK;
     Py_BEGIN_ALLOW_THREADS
-    problems = sfs_check(self->shard, collect, &r, max_reports);
+    SFS_GUARDED(rc = SFS_EGONE, problems = sfs_check(self->shard, collect, &r, max_reports));
     Py_END_ALLOW_THREADS
-    PyObject *list = PyList_New(0);
+    PyObject *list = rc == SFS_EGONE ? gone(sfs_path(self->shard)) : PyList_New(0);
     for (size_t i = 0; i < r.count; i++) {
         if (list) {
             PyObject *s = PyUnicode_DecodeUTF8(r.messages[i], strlen(r.messages[i]), "replace");
@@ -487,7 +529,9 @@ static PyObject *Reader_delete(Reader *self, PyObject *arg)
     sfs_error_t err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = sfs_delete(self->shard, key, &err);
+    SFS_GUARDED(rc = sfs_fail(&err, SFS_EIO, EIO, "%s: the file shrank under its mapping",
+                              sfs_path(self->shard)),
+                rc = sfs_delete(self->shard, key, &err));
     Py_END_ALLOW_THREADS
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_FALSE;
@@ -784,8 +828,10 @@ static int Sidecar_init(Sidecar *self, PyObject *args, PyObject *kwds)
     sfs_sidecar_t *sc = NULL;
     int rc;
     const char *path = PyBytes_AS_STRING(path_obj);
+    sfs_guard_install();
     Py_BEGIN_ALLOW_THREADS
-    rc = sfs_sidecar_open(path, identity, slot_count, &sc, &err);
+    SFS_GUARDED(rc = sfs_fail(&err, SFS_ECORRUPT, 0, "%s: the file shrank while it was opened", path),
+                rc = sfs_sidecar_open(path, identity, slot_count, &sc, &err));
     Py_END_ALLOW_THREADS
     Py_DECREF(path_obj);
     if (rc != SFS_OK) {
@@ -819,7 +865,11 @@ static PyObject *Sidecar_may_contain(Sidecar *self, PyObject *arg)
     uint8_t key[SFS_KEY_SIZE];
     if (!sidecar_ready(self) || get_key(arg, key) < 0)
         return NULL;
-    return PyBool_FromLong(sfs_sidecar_may_contain(self->sc, key));
+    int rc = SFS_OK, yes = 0;
+    SFS_GUARDED(rc = SFS_EGONE, yes = sfs_sidecar_may_contain(self->sc, key));
+    if (rc == SFS_EGONE)
+        return gone("sidecar");
+    return PyBool_FromLong(yes);
 }
 
 /* range(prefix, prefix_bits) -> (begin, end) */
@@ -835,9 +885,12 @@ static PyObject *Sidecar_range(Sidecar *self, PyObject *args)
         PyBuffer_Release(&prefix);
         return NULL;
     }
-    uint64_t begin, end;
-    sfs_sidecar_range(self->sc, prefix.buf, bits, &begin, &end);
+    uint64_t begin = 0, end = 0;
+    int rc = SFS_OK;
+    SFS_GUARDED(rc = SFS_EGONE, sfs_sidecar_range(self->sc, prefix.buf, bits, &begin, &end));
     PyBuffer_Release(&prefix);
+    if (rc == SFS_EGONE)
+        return gone("sidecar");
     return Py_BuildValue("(KK)", (unsigned long long)begin, (unsigned long long)end);
 }
 
@@ -859,7 +912,12 @@ static PyObject *Sidecar_slots(Sidecar *self, PyObject *args)
     uint32_t chunk[1024];
     for (uint64_t at = begin; at < end;) {
         uint64_t m = end - at < 1024 ? end - at : 1024;
-        sfs_sidecar_slots(self->sc, at, at + m, chunk);
+        int rc = SFS_OK;
+        SFS_GUARDED(rc = SFS_EGONE, sfs_sidecar_slots(self->sc, at, at + m, chunk));
+        if (rc == SFS_EGONE) {
+            Py_DECREF(list);
+            return gone("sidecar");
+        }
         for (uint64_t j = 0; j < m; j++) {
             PyObject *v = PyLong_FromUnsignedLong(chunk[j]);
             if (!v) {
@@ -954,7 +1012,9 @@ static PyObject *build_sidecar(PyObject *module, PyObject *args, PyObject *kwds)
     int rc;
     const char *path = PyBytes_AS_STRING(path_obj);
     Py_BEGIN_ALLOW_THREADS
-    rc = sfs_sidecar_build(reader->shard, path, identity, &err);
+    SFS_GUARDED(rc = sfs_fail(&err, SFS_EIO, EIO, "%s: the shard shrank while its sidecar was built",
+                              sfs_path(reader->shard)),
+                rc = sfs_sidecar_build(reader->shard, path, identity, &err));
     Py_END_ALLOW_THREADS
     Py_DECREF(path_obj);
     if (rc != SFS_OK)
@@ -1115,8 +1175,12 @@ static PyObject *SidecarSet_candidates(SidecarSet *self, PyObject *arg)
     uint8_t key[SFS_KEY_SIZE];
     if (get_key(arg, key) < 0 || (self->dirty && pack(self) < 0))
         return NULL;
-    size_t n = sfs_sidecar_candidates(self->packed, (size_t)self->nactive, key, self->out,
-                                      (size_t)self->nactive);
+    size_t n = 0;
+    int rc = SFS_OK;
+    SFS_GUARDED(rc = SFS_EGONE, n = sfs_sidecar_candidates(self->packed, (size_t)self->nactive, key,
+                                                           self->out, (size_t)self->nactive));
+    if (rc == SFS_EGONE)
+        return gone("sidecar");
     PyObject *list = PyList_New((Py_ssize_t)n);
     if (!list)
         return NULL;
@@ -1203,6 +1267,8 @@ PyMODINIT_FUNC PyInit__shardfs(void)
     Py_DECREF(errors);
     if (!ShardError || !CorruptShardError || !DuplicateKeyError || !StaleSidecarError)
         return NULL;
+    if (sfs_guard_install() != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
     if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&WriterType) < 0 ||
         PyType_Ready(&SidecarType) < 0 || PyType_Ready(&SidecarSetType) < 0)
         return NULL;

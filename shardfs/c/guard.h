@@ -1,0 +1,96 @@
+/*
+ * guard.h — turn SIGBUS from a shrunken shard or sidecar into an error.
+ *
+ * Shards and sidecars are read through read-only shared mappings. When the
+ * file shrinks while mapped (truncated, or replaced in place by a shorter
+ * one), touching a page past its new end raises SIGBUS, which would kill the
+ * whole process (the FUSE daemon and every mount it serves). The C core
+ * does not catch it; the Python extension (module.c, the only includer)
+ * runs every call that touches a mapping inside SFS_GUARDED:
+ *
+ *     SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(shard, key, &off, &size));
+ *
+ * runs the second argument; if it raises SIGBUS, execution resumes in the
+ * first argument instead (the faulting call is abandoned: it must not hold
+ * locks or own memory at that point; the read paths do not).
+ *
+ * How: a per-thread pointer to a sigjmp_buf, set for the duration of the
+ * guarded call; a process-wide SIGBUS handler (sigaction, SA_SIGINFO |
+ * SA_NODEFER, installed by sfs_guard_install) siglongjmps to it. A
+ * SIGBUS outside a guarded call is passed on to the handler that was there
+ * before (Python's faulthandler, or the default action: the process dies as
+ * it would have). sigsetjmp(env, 0) saves no signal mask (no system call):
+ * the guard costs a few nanoseconds; SA_NODEFER keeps SIGBUS unblocked
+ * after the jump.
+ */
+#ifndef SHARDFS_GUARD_H
+#define SHARDFS_GUARD_H
+
+#include <setjmp.h>
+#include <signal.h>
+#include <stddef.h>
+#include <string.h>
+
+/* Status of a guarded call that hit SIGBUS: bytes of a mapped file are
+ * gone (the file shrank under the mapping). Not an sfs_status: only the
+ * guard produces it. */
+#define SFS_EGONE (-100)
+
+static __thread sigjmp_buf *sfs_guard_env;
+static struct sigaction sfs_guard_previous;
+
+static void sfs_guard_on_sigbus(int sig, siginfo_t *info, void *context)
+{
+    sigjmp_buf *env = sfs_guard_env;
+    if (env) {
+        sfs_guard_env = NULL;
+        siglongjmp(*env, 1);
+    }
+    /* Not ours: hand it to the previous handler, or restore the default
+     * action and return, so that the faulting access raises it again. */
+    if ((sfs_guard_previous.sa_flags & SA_SIGINFO) && sfs_guard_previous.sa_sigaction) {
+        sfs_guard_previous.sa_sigaction(sig, info, context);
+    } else if (sfs_guard_previous.sa_handler != SIG_DFL && sfs_guard_previous.sa_handler != SIG_IGN) {
+        sfs_guard_previous.sa_handler(sig);
+    } else {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof(dfl));
+        dfl.sa_handler = SIG_DFL;
+        sigaction(SIGBUS, &dfl, NULL);
+    }
+}
+
+/* Install the SIGBUS handler unless it is the current one (called with the
+ * GIL held, so no race): at import and at every shard or sidecar open, so
+ * that a handler installed later (faulthandler.enable()) is chained behind
+ * ours instead of replacing it. Returns 0, or -1 with errno set. */
+static int sfs_guard_install(void)
+{
+    struct sigaction current;
+    if (sigaction(SIGBUS, NULL, &current) != 0)
+        return -1;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == sfs_guard_on_sigbus)
+        return 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = sfs_guard_on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGBUS, &sa, &sfs_guard_previous);
+}
+
+#define SFS_GUARDED(on_fault, ...)                                                                 \
+    do {                                                                                           \
+        sigjmp_buf sfs_guard_here_;                                                                \
+        sigjmp_buf *volatile sfs_guard_outer_ = sfs_guard_env;                                     \
+        if (sigsetjmp(sfs_guard_here_, 0) == 0) {                                                  \
+            sfs_guard_env = &sfs_guard_here_;                                                      \
+            __VA_ARGS__;                                                                           \
+            sfs_guard_env = sfs_guard_outer_;                                                      \
+        } else {                                                                                   \
+            sfs_guard_env = sfs_guard_outer_;                                                      \
+            on_fault;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+#endif

@@ -410,7 +410,8 @@ static PyObject *Reader_slot(Reader *self, PyObject *args)
  * skip_corrupt is left out and counted in `skipped`. */
 static PyObject *Reader_scan(Reader *self, PyObject *args)
 {
-    unsigned long long start, max_items, skipped = 0;
+    unsigned long long start, max_items;
+    volatile unsigned long long skipped = 0; /* kept across the guard's longjmp */
     int skip_corrupt = 0;
     if (!reader_ready(self) || !PyArg_ParseTuple(args, "KK|p", &start, &max_items, &skip_corrupt))
         return NULL;

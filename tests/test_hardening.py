@@ -14,11 +14,16 @@ import json
 import os
 import random
 import shutil
+import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Dict, List, Tuple
 
 import pytest
 
-from mounting import Mounter, build_shard, daemon_pids, key_of, make_blobs, mounted, run, SHARDFS
+from mounting import SHARDFS, Mounter, build_shard, daemon_pids, key_of, make_blobs, mounted, run, wait_until
 
 pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
@@ -122,3 +127,258 @@ def test_shard_changed_under_a_mount(tmp_path, mounter, how):
     proc = run(SHARDFS + ["umount", point])
     assert proc.returncode == 0, proc.stderr
     assert not mounted(point)
+
+
+# ------------------------------------------------------------ concurrency
+
+#: Seconds each stress test runs (the issue asks for 60; SHARDFS_STRESS_SECONDS
+#: shortens it for a quick local run).
+STRESS_SECONDS = float(os.environ.get("SHARDFS_STRESS_SECONDS", "60"))
+READERS = 32
+
+
+def _stress_objects(tmp_path: Path) -> Tuple[Path, Dict[str, bytes]]:
+    rng = random.Random(11)
+    sizes = [rng.choice((0, 1, 100, 4095, 4096, 4097, 65536, 131073)) for _ in range(1500)]
+    sizes += [rng.randrange(1, 300_000) for _ in range(1500)]
+    blobs = [i.to_bytes(4, "big") + rng.randbytes(n) for i, n in enumerate(sizes)]
+    path = tmp_path / "stress.shard"
+    return path, build_shard(path, blobs)
+
+
+def _rss_anon(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon")
+
+
+def _reader_loop(read_one, keys: List[str], seed: int, deadline: float, errors: list, counts: list) -> None:
+    """Until `deadline`: whole objects verified by SHA-256 (random order,
+    then runs in key order) and random ranges compared with the source."""
+    rng = random.Random(seed)
+    n = 0
+    try:
+        while time.monotonic() < deadline:
+            mode = rng.random()
+            if mode < 0.4:
+                picks = [rng.choice(keys)]
+            elif mode < 0.7:
+                start = rng.randrange(len(keys))
+                picks = keys[start:start + 20]  # sequential: neighbours in name order
+            else:
+                picks = None
+            if picks is not None:
+                for key in picks:
+                    data = read_one(key, None)
+                    if key_of(data) != key:
+                        errors.append(f"{key}: SHA-256 mismatch ({len(data)} bytes)")
+                    n += 1
+            else:
+                key = rng.choice(keys)
+                data = read_one(key, rng)
+                n += 1
+                if data is not None and data[0] is False:
+                    errors.append(f"{key}: range mismatch at {data[1]}")
+    except Exception as exc:  # any exception is a failure of the test
+        errors.append(repr(exc))
+    counts.append(n)
+
+
+def test_32_readers_through_a_mount(tmp_path, mounter):
+    """32 threads read one mount for STRESS_SECONDS: random and sequential
+    whole-object reads verified by SHA-256, random ranges compared with the
+    source bytes. Zero errors, and the daemon's anonymous memory stays
+    flat (compared after a warm-up to the end)."""
+    for mark in needs_fuse:
+        if mark.args[0]:
+            pytest.skip(mark.kwargs["reason"])
+    path, objects = _stress_objects(tmp_path)
+    point = mounter.mount([path], tmp_path / "mnt", "--cache-dir", str(tmp_path / "cache"))
+    pid = daemon_pids(point)[0]
+    keys = sorted(objects)
+
+    def read_one(key, rng):
+        if rng is None:
+            with open(point / key, "rb") as f:
+                return f.read()
+        src = objects[key]
+        off = rng.randrange(len(src) + 1)
+        length = rng.randrange(1, 200_000)
+        fd = os.open(point / key, os.O_RDONLY)
+        try:
+            got = os.pread(fd, length, off)
+        finally:
+            os.close(fd)
+        return None if got == src[off:off + length] else (False, off)
+
+    errors: list = []
+    counts: list = []
+    warm = time.monotonic() + min(10.0, STRESS_SECONDS / 4)
+    deadline = time.monotonic() + STRESS_SECONDS
+    threads = [threading.Thread(target=_reader_loop, args=(read_one, keys, i, deadline, errors, counts))
+               for i in range(READERS)]
+    for t in threads:
+        t.start()
+    while time.monotonic() < warm:
+        time.sleep(0.2)
+    rss_warm = _rss_anon(pid)
+    for t in threads:
+        t.join(timeout=STRESS_SECONDS + 120)
+    rss_end = _rss_anon(pid)
+    assert not errors, errors[:5]
+    assert len(counts) == READERS and sum(counts) > READERS
+    assert rss_end - rss_warm < 8 << 20, (rss_warm, rss_end)
+    assert daemon_pids(point) == [pid]
+    print(f"\n  mount: {READERS} readers x {STRESS_SECONDS:g} s, {sum(counts):,} reads verified, "
+          f"RssAnon {rss_warm >> 20} -> {rss_end >> 20} MiB")
+
+
+def test_32_threads_through_the_python_api(tmp_path):
+    """The same through one shardfs.Shard shared by 32 threads: zero errors."""
+    path, objects = _stress_objects(tmp_path)
+    keys = sorted(objects)
+    with shardfs.Shard(str(path)) as s:
+
+        def read_one(key, rng):
+            if rng is None:
+                return s[key]
+            src = objects[key]
+            data_offset, size = s.locate(key)
+            off = rng.randrange(size + 1)
+            length = rng.randrange(1, 200_000)
+            got = s.pread(data_offset, size, off, length)
+            return None if got == src[off:off + length] else (False, off)
+
+        errors: list = []
+        counts: list = []
+        deadline = time.monotonic() + STRESS_SECONDS
+        threads = [threading.Thread(target=_reader_loop, args=(read_one, keys, 100 + i, deadline, errors, counts))
+                   for i in range(READERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=STRESS_SECONDS + 120)
+    assert not errors, errors[:5]
+    assert len(counts) == READERS
+    print(f"\n  API: {READERS} threads x {STRESS_SECONDS:g} s, {sum(counts):,} reads verified")
+
+
+# ----------------------------------------------------------------- faults
+
+
+def _tree(path: Path) -> Dict[str, str]:
+    """{relative path: sha256} of every file under `path`."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            p = Path(root) / name
+            out[str(p.relative_to(path))] = key_of(p.read_bytes())
+    return out
+
+
+@pytest.fixture(scope="module")
+def source_tree(tmp_path_factory) -> Path:
+    """6,000 files of up to 8 KiB (~24 MB): a create takes a few seconds."""
+    src = tmp_path_factory.mktemp("source")
+    rng = random.Random(21)
+    for i in range(6000):
+        d = src / f"d{i % 30}"
+        d.mkdir(exist_ok=True)
+        (d / f"f{i}").write_bytes(i.to_bytes(4, "big") + rng.randbytes(rng.randrange(8192)))
+    return src
+
+
+def _leftovers(directory: Path, name: str) -> List[str]:
+    return sorted(p.name for p in directory.iterdir() if name in p.name)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_create_interrupted_leaves_nothing(tmp_path, source_tree, signum):
+    """A create killed (kill -9), interrupted (Ctrl-C) or terminated half-way
+    leaves no shard and no temporary file, and the source is untouched."""
+    before = _tree(source_tree)
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "x.shard"
+    proc = subprocess.Popen(SHARDFS + ["create", str(target), str(source_tree)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Wait until the writer has started writing (its fd on the directory's
+    # file system), then interrupt it.
+    def writing() -> bool:
+        try:
+            return any(os.readlink(f"/proc/{proc.pid}/fd/{fd}").startswith(str(out))
+                       for fd in os.listdir(f"/proc/{proc.pid}/fd"))
+        except OSError:
+            return False
+    assert wait_until(writing, timeout=30, interval=0.002), "the create never started writing"
+    # Freeze it mid-write so the signal lands half-way whatever the speed.
+    os.kill(proc.pid, signal.SIGSTOP)
+    proc.send_signal(signum)
+    os.kill(proc.pid, signal.SIGCONT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, "the create finished before the signal: make the source bigger"
+    if signum == signal.SIGINT:
+        assert proc.returncode == 130 and err.strip() == "shardfs: interrupted", err
+    assert list(out.iterdir()) == [], list(out.iterdir())
+    assert _tree(source_tree) == before
+
+
+def test_create_on_a_full_disk(tmp_path, source_tree):
+    """ENOSPC half-way (a 4 MiB tmpfs for ~24 MB of objects): one line
+    naming the problem, exit 1, nothing left, the source untouched."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    small = tmp_path / "small"
+    small.mkdir()
+    if run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", small]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        before = _tree(source_tree)
+        proc = run(SHARDFS + ["create", small / "x.shard", source_tree], timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "No space left on device" in lines[0], proc.stderr
+        assert list(small.iterdir()) == []
+        assert shutil.disk_usage(small).used < 64 << 10  # the blocks were freed
+        assert _tree(source_tree) == before
+        # The same source fits elsewhere: nothing was wrong with it.
+        proc = run(SHARDFS + ["create", tmp_path / "ok.shard", source_tree], timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        run(["umount", "-l", small])
+
+
+def test_delete_killed_half_way_leaves_a_valid_shard(tmp_path):
+    """kill -9 during a delete of many objects (docs/format.md, "Deleting"):
+    the shard's structure checks out; every object is intact or gone,
+    except at most the one being deleted, which may read as zeros of its
+    size; running the same delete again finishes the job and the shard then
+    passes check --hash."""
+    path = tmp_path / "d.shard"
+    objects = build_shard(path, make_blobs(31, 4000, 10, 2000))
+    keys = list(objects)[:3000]
+    proc = subprocess.Popen(SHARDFS + ["delete", "--yes", str(path), *keys],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    proc.kill()
+    proc.communicate(timeout=60)
+    check = run(SHARDFS + ["check", path])
+    assert check.returncode == 0, check.stdout + check.stderr
+    with shardfs.Shard(str(path)) as s:
+        present = [k for k in objects if k in s]
+        zeroed = [k for k in present if s[k] != objects[k]]
+        assert len(zeroed) <= 1, zeroed
+        assert all(s[k] == bytes(len(objects[k])) for k in zeroed)
+        gone_keys = set(objects) - set(present)
+        assert gone_keys <= set(keys)
+    assert 0 < len(gone_keys) < len(keys), "the delete was not interrupted half-way"
+    rest = [k for k in keys if k not in gone_keys]
+    proc = run(SHARDFS + ["delete", "--yes", path, *rest], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    check = run(SHARDFS + ["check", "--hash", path])
+    assert check.returncode == 0, check.stdout + check.stderr
+    with shardfs.Shard(str(path)) as s:
+        assert set(s.keys()) == {bytes.fromhex(k) for k in objects if k not in set(keys)}
+    print(f"\n  delete killed after {len(gone_keys)} of {len(keys)} objects; shard valid")

@@ -37,6 +37,22 @@ from types import SimpleNamespace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pytest
+from mounting import (
+    SHARDFS,
+    TIMEOUT,
+    Mounter,
+    bash,
+    build_shard,
+    daemon_pids,
+    force_unmount,
+    gone,
+    key_of,
+    make_blobs,
+    mount_info,
+    mounted,
+    run,
+    wait_until,
+)
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse"),
@@ -46,8 +62,6 @@ pytestmark = [
 pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
 
-SHARDFS = [sys.executable, "-m", "shardfs"]
-TIMEOUT = 60  # seconds for an ordinary command
 LONG_TIMEOUT = 300  # find over a million entries, rsync/tar of 100,000 files
 LIVE_DELAY = 5.0  # seconds a shard directory change may take to show
 STATS_XATTR = "user.shardfs.stats"
@@ -63,97 +77,6 @@ TIMINGS: Dict[str, float] = {}
 # ------------------------------------------------------------------ helpers
 
 
-def run(args: Sequence[str], check: bool = False, timeout: float = TIMEOUT, **kw) -> subprocess.CompletedProcess:
-    """Run a command with a timeout, capturing text output."""
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, **kw)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc
-
-
-def bash(script: str, *args: object, timeout: float = TIMEOUT) -> str:
-    """Run a bash script (pipefail on) with positional arguments; its stdout."""
-    proc = run(["bash", "-o", "pipefail", "-c", script, "bash", *map(str, args)], timeout=timeout)
-    assert proc.returncode == 0, f"{script!r} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}"
-    return proc.stdout
-
-
-def _abs(path: os.PathLike) -> str:
-    path = os.path.abspath(path)
-    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-
-
-def mount_info(path: os.PathLike) -> Optional[Dict[str, object]]:
-    """The /proc/self/mountinfo entry of `path`: mount options, fstype,
-    source and super options (FUSE's allow_other shows there)."""
-    target = _abs(path)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4].replace("\\040", " ") == target:
-                sep = fields.index("-")
-                return {
-                    "options": fields[5].split(","),
-                    "fstype": fields[sep + 1],
-                    "source": fields[sep + 2],
-                    "super": fields[sep + 3].split(",") if len(fields) > sep + 3 else [],
-                }
-    return None
-
-
-def mounted(path: os.PathLike) -> bool:
-    """True when something is mounted on `path` (stale FUSE mounts too)."""
-    return mount_info(path) is not None
-
-
-def force_unmount(path: os.PathLike) -> None:
-    """Unmount `path` whatever its state: shardfs umount, then the hammer."""
-    if not mounted(path):
-        return
-    run(SHARDFS + ["umount", path])
-    if mounted(path):
-        run(["fusermount3", "-u", path])
-    if mounted(path):
-        run(["fusermount3", "-uz", path])
-    assert not mounted(path), f"could not unmount {path}"
-
-
-def daemon_pids(mountpoint: os.PathLike) -> List[int]:
-    """Pids of shardfs mount daemons serving `mountpoint`."""
-    want = _abs(mountpoint).encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"shardfs.fuse.mount" in argv and want in argv:
-            pids.append(int(entry))
-    return pids
-
-
-def gone(pid: int) -> bool:
-    """True when process `pid` has exited (or is a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 def timed_wait(predicate: Callable[[], bool], timeout: float = LIVE_DELAY) -> float:
     """Seconds until `predicate()` holds; fails after `timeout`."""
     start = time.monotonic()
@@ -163,29 +86,6 @@ def timed_wait(predicate: Callable[[], bool], timeout: float = LIVE_DELAY) -> fl
 
 def stats(mountpoint: os.PathLike) -> Dict[str, int]:
     return json.loads(os.getxattr(mountpoint, STATS_XATTR))
-
-
-def key_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def make_blobs(seed: int, count: int, low: int = 0, high: int = 64, tag: bytes = b"") -> List[bytes]:
-    """`count` distinct blobs of low..high-1 random bytes after a tag and
-    a 4-byte counter (so they never collide)."""
-    rng = random.Random(seed)
-    return [tag + i.to_bytes(4, "big") + rng.randbytes(rng.randrange(low, high)) for i in range(count)]
-
-
-def build_shard(path: Path, blobs: Iterable[bytes]) -> Dict[str, bytes]:
-    """Write a shard of `blobs` keyed by SHA-256; returns hex key -> bytes."""
-    objects: Dict[str, bytes] = {}
-    with shardfs.ShardWriter(str(path)) as w:
-        for data in blobs:
-            key = key_of(data)
-            if key not in objects:
-                w.add(bytes.fromhex(key), data)
-                objects[key] = data
-    return objects
 
 
 def read_or_none(path: os.PathLike) -> Optional[bytes]:
@@ -219,37 +119,6 @@ def ro_nosuid_nodev(mountpoint: os.PathLike) -> None:
     opts = mount_info(mountpoint)["options"]
     assert {"ro", "nosuid", "nodev"} <= set(opts), opts
     assert "rw" not in opts
-
-
-class Mounter:
-    """Mounts through the command line and remembers what to clean up."""
-
-    def __init__(self) -> None:
-        self.points: List[Path] = []
-
-    def mount(self, sources: Sequence[os.PathLike], mountpoint: Path, *extra: str) -> Path:
-        """``shardfs mount EXTRA... SOURCES... MOUNTPOINT``; asserts success."""
-        proc = self.command(SHARDFS + ["mount", *extra, *map(str, sources), str(mountpoint)], mountpoint)
-        assert proc.returncode == 0, f"mount failed: {proc.stderr.strip()}"
-        assert mounted(mountpoint)
-        return mountpoint
-
-    def command(self, argv: Sequence[str], mountpoint: Path, **kw) -> subprocess.CompletedProcess:
-        """Run any command that mounts on `mountpoint` (created if missing);
-        the mount point is unmounted at cleanup whatever happens."""
-        mountpoint.mkdir(parents=True, exist_ok=True)
-        self.points.append(mountpoint)
-        return run(argv, **kw)
-
-    def cleanup(self) -> None:
-        errors = []
-        for point in reversed(self.points):
-            try:
-                force_unmount(point)
-            except Exception as exc:  # keep unmounting the others
-                errors.append(exc)
-        if errors:
-            raise errors[0]
 
 
 @pytest.fixture(scope="module", autouse=True)

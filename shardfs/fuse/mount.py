@@ -139,16 +139,26 @@ def check_mountpoint(mountpoint: str) -> str:
     """Return the canonical mount point path if one can mount there.
 
     It must exist, be a directory, be empty and not be a mount point
-    already. Raises ShardError with a one-line message otherwise.
+    already; a stale shardfs mount (its daemon was killed) is unmounted
+    first. Raises ShardError with a one-line message otherwise.
     """
     path = _canonical(mountpoint)
-    if is_mounted(path):
+    entry = mount_entry(path)
+    if entry is not None:
         if _is_stale(path):
-            raise _shard_error(
-                f"mount point {mountpoint} holds a stale mount (its filesystem process died); "
-                f"run 'shardfs umount {mountpoint}' first"
-            )
-        raise _shard_error(f"mount point {mountpoint} is already a mount point")
+            if entry["fstype"] != FSTYPE:
+                raise _shard_error(
+                    f"mount point {mountpoint} holds a stale {entry['fstype']} mount "
+                    f"(its filesystem process died); unmount it first")
+            # A shardfs daemon was killed (kill -9, OOM): clear its mount
+            # and mount again, as 'shardfs umount' would.
+            log.warning("mount point %s holds a stale shardfs mount: unmounting it", mountpoint)
+            ok, message = _run_unmount(path, lazy=True)
+            if not ok or is_mounted(path):
+                raise _shard_error(f"mount point {mountpoint} holds a stale mount that cannot be "
+                                   f"unmounted: {message or 'still mounted'}")
+        else:
+            raise _shard_error(f"mount point {mountpoint} is already a mount point")
     try:
         st = os.stat(path)
     except FileNotFoundError:

@@ -14,8 +14,10 @@ import json
 import os
 import random
 import shutil
+import stat
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -382,3 +384,66 @@ def test_delete_killed_half_way_leaves_a_valid_shard(tmp_path):
     with shardfs.Shard(str(path)) as s:
         assert set(s.keys()) == {bytes.fromhex(k) for k in objects if k not in set(keys)}
     print(f"\n  delete killed after {len(gone_keys)} of {len(keys)} objects; shard valid")
+
+
+# --------------------------------------------------------------- security
+
+
+def _as_nobody(*argv: str) -> subprocess.CompletedProcess:
+    return run(["runuser", "-u", "nobody", "--", *argv])
+
+
+@pytest.fixture
+def public_dir():
+    """A directory other users can traverse (pytest's tmp_path is 0700),
+    for mount points; requested before `mounter` so it is removed after
+    the unmounts."""
+    top = Path(tempfile.mkdtemp(prefix="shardfs-perm-", dir="/tmp"))
+    os.chmod(top, 0o755)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_mount_is_private_read_only_and_fixed(tmp_path, public_dir, mounter):
+    """Without allow_other only the mounting user gets in; with it, others
+    read but never write. Modes are fixed (files 0444, directories 0555)
+    whatever the shard file's mode; the mount is ro,nosuid,nodev; odd names
+    never make the daemon open anything."""
+    for mark in needs_fuse:
+        if mark.args[0]:
+            pytest.skip(mark.kwargs["reason"])
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser to act as another user")
+    path = tmp_path / "p.shard"
+    objects = build_shard(path, make_blobs(41, 300, 1, 3000))
+    os.chmod(path, 0o600)
+    key = next(iter(objects))
+    top = public_dir
+    private = mounter.mount([path], top / "private", "--layout", "fanout",
+                            "--cache-dir", str(tmp_path / "cache"))
+    assert "allow_other" not in run(["findmnt", "-no", "OPTIONS", private]).stdout
+    proc = _as_nobody("cat", str(private / key))
+    assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc
+    shared = mounter.mount([path], top / "shared", "-o", "allow_other", "--layout", "fanout",
+                           "--cache-dir", str(tmp_path / "cache"))
+    proc = _as_nobody("sha256sum", str(shared / key))
+    assert proc.returncode == 0 and proc.stdout.split()[0] == key, proc
+    proc = _as_nobody("touch", str(shared / "x"))
+    assert proc.returncode != 0 and "Read-only file system" in proc.stderr, proc
+    for point in (private, shared):
+        opts = set(run(["findmnt", "-no", "OPTIONS", point]).stdout.strip().split(","))
+        assert {"ro", "nosuid", "nodev"} <= opts, opts
+        assert stat.S_IMODE(os.stat(point).st_mode) == 0o555
+        assert stat.S_IMODE(os.stat(point / key[:2]).st_mode) == 0o555
+        assert stat.S_IMODE(os.stat(point / key).st_mode) == 0o444
+    pid = daemon_pids(private)[0]
+    fds_before = sorted(os.listdir(f"/proc/{pid}/fd"))
+    for name in ["..", ".", "../../etc/passwd", "%2e%2e", "\\\\", key.upper(), key + "/", key[:-1],
+                 "a" * 255, "00/../..", "-", "\n"]:
+        for base in (private, private / key[:2], private / key[:2] / key[2:4]):
+            try:
+                os.stat(base / name)
+            except OSError as exc:
+                assert exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG), (name, exc)
+    assert sorted(os.listdir(f"/proc/{pid}/fd")) == fds_before
+    assert (private / key).read_bytes() == objects[key]

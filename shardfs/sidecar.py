@@ -162,12 +162,15 @@ def build(shard: Shard, cache_dir: Optional[PathLike] = None,
     None; created with mode 0700, parents too, if missing), replacing any
     older one, and return it open.
 
-    One sequential scan of the index, a sort and a write of about 8 bytes
-    per key (plus 4 per 8 keys); about 24 bytes of memory per slot while it
-    runs. The GIL is released meanwhile. The file is written beside its
-    final name, fsynced and renamed: nothing partial is ever visible.
-    OSError when it cannot be written (read-only directory, ENOSPC...);
-    nothing is left behind then.
+    Two sequential reads of the index (pread, never the mapping), a sort per
+    bucket and a write of about 8 bytes per key (plus 4 per 8 keys); about
+    as much memory while it runs (sfs_sidecar_build in sidecar.h). The GIL
+    is released meanwhile. The file is an unnamed temporary file until it
+    is complete and fsynced, then linked or renamed into place: nothing
+    partial is ever visible, even after kill -9. OSError when it cannot be
+    written (read-only directory, ENOSPC...: errno EACCES, EROFS, ENOSPC) or
+    the shard changed under it (ESTALE, ENOENT, EIO); nothing is left behind
+    then.
     """
     if cache_dir is None:
         cache_dir = default_cache_dir()

@@ -16,16 +16,25 @@
  * build: one shard of N random keys (empty objects), then
  * sfs_sidecar_build() twice: once after evicting the shard from the page
  * cache (posix_fadvise DONTNEED; cold, as far as the device allows), once
- * warm. Output: seconds of each, and the sidecar's size.
+ * warm. Output: seconds of each, the sidecar's size, and the memory the
+ * build added at its peak: VmHWM (peak resident set, reset before each
+ * build by writing 5 to /proc/self/clear_refs) minus VmRSS before, and the
+ * peaks of RssAnon (heap) and RssFile (mapped file pages, e.g. an index
+ * read through the shard's mapping) above their values before, sampled
+ * every millisecond by a thread. Large blocks are mmap'ed (fixed
+ * M_MMAP_THRESHOLD) so that a build cannot reuse heap pages left resident
+ * by the shard's writer or an earlier build.
  *
  * Files go to a temporary directory under $TMPDIR (default /tmp), removed
  * at the end. Wall clock, CLOCK_MONOTONIC.
  *
  * Build: gcc -O2 -Ishardfs/c -Itests/c bench/c/sidecar_bench.c shardfs/c/shard.c \
- *            shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c -lcmph
+ *            shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c -lcmph -lpthread
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +53,82 @@ static double now(void)
 }
 
 static const uint8_t ident[32] = {42};
+
+/* ------------------------------------------------------------ memory */
+
+/* A field of /proc/self/status in KiB ("VmHWM", "RssAnon"...), -1 if absent. */
+static long status_kib(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    size_t len = strlen(field);
+    long v = -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, field, len) == 0 && line[len] == ':') {
+            v = strtol(line + len + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+/* Memory added by a build: marks taken before, peaks during. */
+typedef struct {
+    pthread_t thread;
+    volatile int stop;
+    int hwm_reset;                 /* VmHWM was reset to VmRSS at the start */
+    long rss, anon, file;          /* KiB before */
+    long hwm, anon_peak, file_peak; /* KiB: peaks */
+} mem_t;
+
+static void *sample(void *arg)
+{
+    mem_t *m = arg;
+    while (!m->stop) {
+        long a = status_kib("RssAnon"), f = status_kib("RssFile");
+        if (a > m->anon_peak)
+            m->anon_peak = a;
+        if (f > m->file_peak)
+            m->file_peak = f;
+        usleep(1000);
+    }
+    return NULL;
+}
+
+static void mem_start(mem_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    malloc_trim(0); /* what earlier phases freed is not counted as resident */
+    int fd = open("/proc/self/clear_refs", O_WRONLY);
+    m->hwm_reset = fd >= 0 && write(fd, "5", 1) == 1; /* VmHWM := VmRSS (Linux >= 4.0) */
+    if (fd >= 0)
+        close(fd);
+    m->rss = status_kib("VmRSS");
+    m->anon = m->anon_peak = status_kib("RssAnon");
+    m->file = m->file_peak = status_kib("RssFile");
+    pthread_create(&m->thread, NULL, sample, m);
+}
+
+static void mem_stop(mem_t *m)
+{
+    m->stop = 1;
+    pthread_join(m->thread, NULL);
+    m->hwm = status_kib("VmHWM");
+}
+
+static void mem_print(const mem_t *m, uint64_t n)
+{
+    double key = n ? (double)n : 1;
+    if (m->hwm_reset)
+        printf("    peak memory: +%.1f MiB resident (VmHWM - VmRSS before: %.1f B/key)\n",
+               (m->hwm - m->rss) / 1024.0, (m->hwm - m->rss) * 1024.0 / key);
+    printf("    sampled peaks: heap (RssAnon) +%.1f MiB (%.1f B/key), mapped file (RssFile) "
+           "+%.1f MiB\n",
+           (m->anon_peak - m->anon) / 1024.0, (m->anon_peak - m->anon) * 1024.0 / key,
+           (m->file_peak - m->file) / 1024.0);
+}
 
 static void die(const char *what, const sfs_error_t *err)
 {
@@ -214,10 +299,13 @@ static void bench_build(uint64_t n)
             close(fd);
         }
         sfs_error_t err;
+        mem_t mem;
+        mem_start(&mem);
         t = now();
         if (sfs_sidecar_build(s, spath, ident, &err) != SFS_OK)
             die("build", &err);
         double el = now() - t;
+        mem_stop(&mem);
         sfs_sidecar_t *sc;
         if (sfs_sidecar_open(spath, ident, sfs_slot_count(s), &sc, &err) != SFS_OK)
             die("open", &err);
@@ -225,6 +313,7 @@ static void bench_build(uint64_t n)
                warm ? "warm" : "cold", el, (unsigned long long)n, el * 1e9 / (double)n,
                (unsigned long long)sfs_sidecar_file_size(sfs_sidecar_prefix_bits(sc), n),
                sfs_sidecar_prefix_bits(sc));
+        mem_print(&mem, n);
         sfs_sidecar_close(sc);
     }
     sfs_close(s);
@@ -240,6 +329,10 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 1;
     }
+    /* A fixed mmap threshold: every large block is mmap'ed and unmapped on
+     * free, so that a build's peak shows in the resident set instead of
+     * reusing heap pages an earlier phase (or build) left resident. */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
     int rc = 0;
     if (argc >= 4 && strcmp(argv[1], "candidates") == 0)
         bench_candidates(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),

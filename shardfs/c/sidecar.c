@@ -1,10 +1,22 @@
 /*
  * sidecar.c — build, open and query sidecar files (format in sidecar.h).
  *
- * Build: one sequential scan of the index (read ahead with posix_fadvise
- * WILLNEED, 32 MiB ahead), an LSD radix sort of (top 64 bits, slot) by
- * bytes (stable, so ties keep slot order; passes whose byte is the same for
- * every entry are skipped), then one sequential write.
+ * Build, in about the memory of the result (8 bytes per live key plus the
+ * directory, ~8.5 in all, and a 1 MiB buffer): the index is read twice
+ * with pread() through a descriptor of our own (1 MiB per read, kept 32 MiB
+ * ahead with posix_fadvise WILLNEED), never through the shard's mapping, so
+ * a shard truncated meanwhile gives a short read and SFS_EIO, not SIGBUS.
+ * Pass 1 counts the live slots per bucket (of the prefix bits p0 that the
+ * slot count would give, p0 >= p) and so gives n, p and, by prefix sums,
+ * the directory; pass 2 puts each entry, (fingerprint << 32 | slot) in one
+ * u64, at its bucket's next place. Both passes digest the (key, slot) pairs
+ * they see: a slot deleted in between makes them differ and the build
+ * starts again (at most 3 times). Each bucket (~8 entries) is then sorted
+ * by (fingerprint, slot); since bucket and fingerprint are the key's bits
+ * [0, p+32), only entries sharing their fingerprint need more: the key's
+ * bits up to 64, read again from the index. The result is the order of a
+ * sort by (top 64 bits, slot). The file is written unnamed (O_TMPFILE) and
+ * linked into place when complete (see create_output and publish).
  *
  * Queries read the mapping directly. Only the header is checked at open;
  * every directory value is clamped to [0, n] before use, so a damaged
@@ -24,6 +36,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 struct sfs_sidecar {
@@ -99,55 +112,289 @@ uint64_t sfs_sidecar_file_size(unsigned p, uint64_t n)
 
 /* ---------------------------------------------------------------- build */
 
+#define CHUNK_SLOTS 26214u             /* slots per pread: 1,048,560 bytes */
 #define READAHEAD_DISTANCE (32u << 20) /* index bytes asked for ahead of the scan */
 #define READAHEAD_STEP (1u << 20)      /* bytes per posix_fadvise: the kernel caps
                                           one WILLNEED at the device's read-ahead
                                           size (often 128 KiB to 8 MiB) */
-#define WRITE_ENTRIES (1u << 18)       /* u32 per write() */
+#define WRITE_ENTRIES (CHUNK_SLOTS * SFS_SLOT_SIZE / 4) /* u32 per write(): the read buffer */
+#define BUILD_ATTEMPTS 3               /* scans when the index changes between passes */
+#define SMALL_SORT 24                  /* insertion sort up to this many entries */
+#define PREFETCH 32                    /* slots ahead: the scans' random accesses to the
+                                          bucket counts and entries (x1.5 at 10M keys) */
 
-/* Sort (top, slot) pairs by top, stably: LSD radix sort by bytes between
- * (top, slot) and (tmp_top, tmp_slot). On return *top / *slot point to
- * whichever pair of arrays holds the result. */
-static void radix_sort(uint64_t **top, uint32_t **slot, uint64_t **tmp_top, uint32_t **tmp_slot,
-                       uint64_t n)
+/* The index as read by a build: through a descriptor of its own, never
+ * through the shard's mapping. */
+typedef struct {
+    const char *path;         /* the shard's */
+    int fd;
+    uint64_t position, slots; /* index_position, slot count */
+    uint64_t advised;         /* index bytes [0, advised) asked for (WILLNEED) */
+    uint8_t *buf;             /* CHUNK_SLOTS slots */
+} index_t;
+
+/* Read exactly len bytes at offset; 0, or -1 with errno (EIO: end of file). */
+static int pread_full(int fd, void *buf, size_t len, uint64_t offset)
 {
-    size_t c[8][256]; /* 16 KiB */
-    memset(c, 0, sizeof(c));
-    const uint64_t *t = *top;
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t v = t[i];
-        for (int d = 0; d < 8; d++)
-            c[d][(v >> (8 * d)) & 255]++;
-    }
-    for (int d = 0; d < 8; d++) {
-        size_t *cd = c[d];
-        if (n == 0 || cd[(t[0] >> (8 * d)) & 255] == n)
-            continue; /* every entry has this byte: nothing to move */
-        size_t pos = 0;
-        for (int v = 0; v < 256; v++) {
-            size_t k = cd[v];
-            cd[v] = pos;
-            pos += k;
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t got = pread(fd, p, len, (off_t)offset);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            if (got == 0)
+                errno = EIO;
+            return -1;
         }
-        const uint64_t *st = *top;
-        const uint32_t *ss = *slot;
-        uint64_t *dt = *tmp_top;
-        uint32_t *ds = *tmp_slot;
-        unsigned shift = 8 * (unsigned)d;
-        for (uint64_t i = 0; i < n; i++) {
-            uint64_t v = st[i];
-            size_t at = cd[(v >> shift) & 255]++;
-            dt[at] = v;
-            ds[at] = ss[i];
-        }
-        uint64_t *x = *top;
-        *top = *tmp_top;
-        *tmp_top = x;
-        uint32_t *y = *slot;
-        *slot = *tmp_slot;
-        *tmp_slot = y;
-        t = *top;
+        p += got;
+        len -= (size_t)got;
+        offset += (uint64_t)got;
     }
+    return 0;
+}
+
+/* The error of a failed pread_full of `what` at `offset`. */
+static int read_failed(const index_t *ix, const char *what, uint64_t offset, int e,
+                       sfs_error_t *err)
+{
+    if (e == EIO)
+        return sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank while its sidecar was built "
+                        "(short read of %s at byte %llu)", ix->path, what,
+                        (unsigned long long)offset);
+    return sfs_fail(err, SFS_EIO, e, "%s: reading %s at byte %llu: %s", ix->path, what,
+                    (unsigned long long)offset, strerror(e));
+}
+
+/* Open the shard's path again and check that it still holds the opened
+ * shard: a regular file or block device at least as long as the index's
+ * end, whose 88-byte header is the one sfs_open() validated. (sfs_open's
+ * descriptor is not visible here; the Python layer reads the identity
+ * through the path too. A file replaced at the path by one with the same
+ * header is not told apart: its index is read.) */
+static int index_open(index_t *ix, const sfs_shard_t *shard, sfs_error_t *err)
+{
+    const sfs_header_t *h = sfs_header(shard);
+    ix->path = sfs_path(shard);
+    ix->position = h->index_position;
+    ix->slots = sfs_slot_count(shard);
+    ix->advised = 0;
+    ix->fd = open(ix->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (ix->fd < 0)
+        return sfs_fail(err, SFS_EIO, errno, "%s: reopening the shard to read its index: %s",
+                        ix->path, strerror(errno));
+    uint64_t size, end = ix->position + ix->slots * SFS_SLOT_SIZE;
+    int is_blk;
+    sfs_error_t why;
+    if (sfs_fd_size(ix->fd, ix->path, &size, &is_blk, &why) != SFS_OK)
+        return sfs_fail(err, SFS_EIO, why.sys_errno ? why.sys_errno : ESTALE,
+                        "%s (reopened to read the index)", why.message);
+    fcntl(ix->fd, F_SETFL, fcntl(ix->fd, F_GETFL) & ~O_NONBLOCK);
+    uint8_t raw[SFS_HEADER_END];
+    if (pread_full(ix->fd, raw, sizeof(raw), 0) < 0)
+        return read_failed(ix, "the header", 0, errno, err);
+    const uint64_t want[7] = {h->version, h->objects_count, h->objects_position,
+                              h->objects_size, h->index_position, h->index_size,
+                              h->hash_position};
+    int same = memcmp(raw, SFS_MAGIC, sizeof(SFS_MAGIC) - 1) == 0;
+    for (int i = 0; i < 7; i++)
+        same &= be64(raw + SFS_MAGIC_SIZE + 8 * i) == want[i];
+    if (!same)
+        return sfs_fail(err, SFS_EIO, ESTALE, "%s: is no longer the opened shard (its header "
+                        "changed): reopen it", ix->path);
+    if (size < end)
+        return sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank: %llu bytes, its index ends at "
+                        "byte %llu", ix->path, (unsigned long long)size, (unsigned long long)end);
+    posix_fadvise(ix->fd, (off_t)ix->position, (off_t)(end - ix->position), POSIX_FADV_SEQUENTIAL);
+    return SFS_OK;
+}
+
+/* Slots [first, first + count) (count <= CHUNK_SLOTS) into ix->buf, with
+ * WILLNEED hints kept READAHEAD_DISTANCE ahead (a second scan finds the
+ * pages cached and the hints cost little). */
+static int index_read(index_t *ix, uint64_t first, uint64_t count, sfs_error_t *err)
+{
+    uint64_t size = ix->slots * SFS_SLOT_SIZE, at = first * SFS_SLOT_SIZE;
+    if (first == 0)
+        ix->advised = 0;
+    for (; ix->advised < at + READAHEAD_DISTANCE && ix->advised < size;
+         ix->advised += READAHEAD_STEP)
+        posix_fadvise(ix->fd, (off_t)(ix->position + ix->advised), READAHEAD_STEP,
+                      POSIX_FADV_WILLNEED);
+    if (pread_full(ix->fd, ix->buf, count * SFS_SLOT_SIZE, ix->position + at) < 0)
+        return read_failed(ix, "the index", ix->position + at, errno, err);
+    return SFS_OK;
+}
+
+/* Order-independent digest of one entry: the two scans of the index must
+ * see the same (top, slot) pairs. */
+static inline uint64_t entry_digest(uint64_t top, uint64_t slot)
+{
+    uint64_t z = top + slot * UINT64_C(0x9E3779B97F4A7C15);
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+/* Pass 1: live slots per bucket of `p0` bits into count[0, 2^p0), the
+ * number of live slots into *n and their digest into *digest. */
+static int count_pass(index_t *ix, unsigned p0, uint32_t *count, uint64_t *n, uint64_t *digest,
+                      sfs_error_t *err)
+{
+    uint64_t live = 0, sum = 0;
+    memset(count, 0, (UINT64_C(1) << p0) * sizeof(uint32_t));
+    for (uint64_t first = 0; first < ix->slots; first += CHUNK_SLOTS) {
+        uint64_t m = ix->slots - first < CHUNK_SLOTS ? ix->slots - first : CHUNK_SLOTS;
+        int rc = index_read(ix, first, m, err);
+        if (rc != SFS_OK)
+            return rc;
+        const uint8_t *s = ix->buf;
+        for (uint64_t i = 0; i < m; i++, s += SFS_SLOT_SIZE) {
+            if (i + PREFETCH < m)
+                __builtin_prefetch(&count[bucket_of(be64(s + PREFETCH * SFS_SLOT_SIZE), p0)], 1);
+            if (be64(s + SFS_KEY_SIZE) == SFS_EMPTY_OFFSET)
+                continue;
+            uint64_t top = be64(s);
+            count[bucket_of(top, p0)]++;
+            sum += entry_digest(top, first + i);
+            live++;
+        }
+    }
+    *n = live;
+    *digest = sum;
+    return SFS_OK;
+}
+
+/* Pass 2: every live slot's (fingerprint << 32 | slot) into its bucket,
+ * filled from its end: end[b] is the end of bucket b on entry, its start
+ * on return (when the index did not change). Returns SFS_OK and sets
+ * *same when the scan saw the n entries of pass 1 (same digest). */
+static int scatter_pass(index_t *ix, unsigned p, uint32_t *end, uint64_t *entries, uint64_t n,
+                        uint64_t digest, int *same, sfs_error_t *err)
+{
+    uint64_t live = 0, sum = 0;
+    int overflow = 0;
+    for (uint64_t first = 0; first < ix->slots; first += CHUNK_SLOTS) {
+        uint64_t m = ix->slots - first < CHUNK_SLOTS ? ix->slots - first : CHUNK_SLOTS;
+        int rc = index_read(ix, first, m, err);
+        if (rc != SFS_OK)
+            return rc;
+        const uint8_t *s = ix->buf;
+        for (uint64_t i = 0; i < m; i++, s += SFS_SLOT_SIZE) {
+            /* the bucket's cursor two steps ahead, its next place one */
+            if (i + 2 * PREFETCH < m)
+                __builtin_prefetch(&end[bucket_of(be64(s + 2 * PREFETCH * SFS_SLOT_SIZE), p)], 1);
+            if (i + PREFETCH < m) {
+                uint32_t at = end[bucket_of(be64(s + PREFETCH * SFS_SLOT_SIZE), p)];
+                __builtin_prefetch(entries + (at ? at - 1 : 0), 1);
+            }
+            if (be64(s + SFS_KEY_SIZE) == SFS_EMPTY_OFFSET)
+                continue;
+            uint64_t top = be64(s), slot = first + i, b = bucket_of(top, p);
+            sum += entry_digest(top, slot);
+            live++;
+            if (end[b] == 0) { /* more entries than counted: the index changed */
+                overflow = 1;
+                continue;
+            }
+            /* slot < 2^32: checked by sfs_open */
+            entries[--end[b]] = (uint64_t)fingerprint_of(top, p) << 32 | slot;
+        }
+    }
+    *same = !overflow && live == n && sum == digest;
+    return SFS_OK;
+}
+
+static void insertion_sort(uint64_t *a, uint64_t m)
+{
+    for (uint64_t i = 1; i < m; i++) {
+        uint64_t v = a[i], j = i;
+        for (; j > 0 && a[j - 1] > v; j--)
+            a[j] = a[j - 1];
+        a[j] = v;
+    }
+}
+
+static void sift_down(uint64_t *a, uint64_t root, uint64_t m)
+{
+    uint64_t v = a[root];
+    for (;;) {
+        uint64_t child = 2 * root + 1;
+        if (child >= m)
+            break;
+        if (child + 1 < m && a[child + 1] > a[child])
+            child++;
+        if (a[child] <= v)
+            break;
+        a[root] = a[child];
+        root = child;
+    }
+    a[root] = v;
+}
+
+/* Ascending, in place, no allocation: buckets hold ~8 entries (insertion
+ * sort); a huge one (keys crafted to share their top bits) gets a heap sort. */
+static void sort_u64(uint64_t *a, uint64_t m)
+{
+    if (m <= SMALL_SORT) {
+        insertion_sort(a, m);
+        return;
+    }
+    for (uint64_t i = m / 2; i-- > 0;)
+        sift_down(a, i, m);
+    for (uint64_t last = m - 1; last > 0; last--) {
+        uint64_t t = a[0];
+        a[0] = a[last];
+        a[last] = t;
+        sift_down(a, 0, last);
+    }
+}
+
+/* Entries [lo, hi) of one bucket share their fingerprint, so bits [0, p+32)
+ * of their keys: order them by the key's bits [p+32, 64), then slot. Those
+ * bits are read again from the index (8 bytes per entry; two keys of a
+ * shard agree on 32 + p bits about once per 2^32 / 8 entries). */
+static int sort_ties(index_t *ix, unsigned p, uint64_t *e, uint64_t m, sfs_error_t *err)
+{
+    uint64_t fp = e[0] >> 32, low = (UINT64_C(1) << (32 - p)) - 1; /* p < 32 */
+    for (uint64_t i = 0; i < m; i++) {
+        uint32_t slot = (uint32_t)e[i];
+        uint8_t top[8];
+        uint64_t at = ix->position + (uint64_t)slot * SFS_SLOT_SIZE;
+        if (pread_full(ix->fd, top, sizeof(top), at) < 0)
+            return read_failed(ix, "a key", at, errno, err);
+        e[i] = (be64(top) & low) << 32 | slot;
+    }
+    sort_u64(e, m);
+    for (uint64_t i = 0; i < m; i++)
+        e[i] = fp << 32 | (uint32_t)e[i];
+    return SFS_OK;
+}
+
+/* Sort every bucket by (top 64 bits of the key, slot): by (fingerprint,
+ * slot), then runs of equal fingerprints by sort_ties. dir[b] = start of
+ * bucket b, dir[2^p] = n. */
+static int sort_buckets(index_t *ix, unsigned p, const uint32_t *dir, uint64_t *e,
+                        sfs_error_t *err)
+{
+    uint64_t buckets = UINT64_C(1) << p;
+    for (uint64_t b = 0; b < buckets; b++) {
+        uint64_t lo = dir[b], hi = dir[b + 1];
+        sort_u64(e + lo, hi - lo);
+        if (p >= 32) /* the fingerprint holds the key's bits up to 64 */
+            continue;
+        for (uint64_t i = lo + 1; i < hi; i++) {
+            if ((e[i] ^ e[i - 1]) >> 32)
+                continue;
+            uint64_t run = i - 1, j = i + 1;
+            while (j < hi && !((e[j] ^ e[run]) >> 32))
+                j++;
+            int rc = sort_ties(ix, p, e + run, j - run, err);
+            if (rc != SFS_OK)
+                return rc;
+            i = j;
+        }
+    }
+    return SFS_OK;
 }
 
 /* Write `len` bytes at *offset and advance it; -1 with errno on failure. */
@@ -159,82 +406,140 @@ static int put(int fd, const void *buf, size_t len, uint64_t *offset)
     return 0;
 }
 
-int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
-                      const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE], sfs_error_t *err)
+/* "<dir>/.<name>.tmp-XXXXXX" for `path` (malloc'ed), or NULL. */
+static char *temp_name(const char *path)
 {
-    uint64_t slots = sfs_slot_count(shard);
-    uint64_t index_position = sfs_header(shard)->index_position;
-    uint64_t cap = slots ? slots : 1;
-    uint64_t *top = malloc(cap * sizeof(uint64_t)), *tmp_top = NULL;
-    uint32_t *slot = malloc(cap * sizeof(uint32_t)), *tmp_slot = NULL, *dir = NULL;
-    uint8_t *buf = NULL;
-    char *tmp_path = NULL;
-    int fd = -1, rc = SFS_OK;
-    if (!top || !slot)
-        goto nomem;
+    char *copy = strdup(path), *base_copy = strdup(path);
+    size_t len = strlen(path) + 32;
+    char *out = malloc(len);
+    if (copy && base_copy && out) {
+        snprintf(out, len, "%s/.%s.tmp-XXXXXX", dirname(copy), basename(base_copy));
+    } else {
+        free(out);
+        out = NULL;
+    }
+    free(copy);
+    free(base_copy);
+    return out;
+}
 
-    /* 1. Scan the index in slot order. The shard's mapping is MADV_RANDOM
-     * (a fault reads one page), so the index is read ahead through a
-     * descriptor of our own: 1 MiB requests kept 32 MiB ahead of the scan.
-     * (If the path now names another file, the hints are merely useless.) */
-    int hint_fd = open(sfs_path(shard), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    uint64_t index_size = slots * SFS_SLOT_SIZE, advised = 0, n = 0;
-    for (uint64_t i = 0; i < slots; i++) {
-        if (hint_fd >= 0 && i % 4096 == 0) {
-            uint64_t want = i * SFS_SLOT_SIZE + READAHEAD_DISTANCE;
-            for (; advised < want && advised < index_size; advised += READAHEAD_STEP)
-                posix_fadvise(hint_fd, (off_t)(index_position + advised), READAHEAD_STEP,
-                              POSIX_FADV_WILLNEED);
+/* The output file, empty: unnamed (O_TMPFILE, mode 0600) in the directory
+ * of `path`, so that a build killed at any point leaves nothing behind;
+ * where the file system lacks O_TMPFILE, a named .<name>.tmp-XXXXXX
+ * (mkostemp, mode 0600) in *tmp_path, removed on error. */
+static int create_output(const char *path, int *fd, char **tmp_path, sfs_error_t *err)
+{
+    *tmp_path = NULL;
+#ifdef O_TMPFILE
+    char *copy = strdup(path);
+    if (!copy)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
+    *fd = open(dirname(copy), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    free(copy);
+    if (*fd >= 0)
+        return SFS_OK;
+    /* Not supported here (EOPNOTSUPP, EISDIR on old kernels...): a named
+     * file; real errors (ENOENT, EACCES...) are reported by mkostemp. */
+#endif
+    *tmp_path = temp_name(path);
+    if (!*tmp_path)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
+    *fd = mkostemp(*tmp_path, O_CLOEXEC);
+    if (*fd < 0) {
+        int e = errno;
+        free(*tmp_path);
+        *tmp_path = NULL;
+        return sfs_fail(err, SFS_EIO, e, "%s: creating a temporary file in its directory: %s",
+                        path, strerror(e));
+    }
+    return SFS_OK;
+}
+
+/* Give the unnamed file open on fd the name `name`: linkat of
+ * /proc/self/fd/N (AT_SYMLINK_FOLLOW), else of the descriptor itself
+ * (AT_EMPTY_PATH: needs CAP_DAC_READ_SEARCH, but no /proc). Never replaces
+ * a file: EEXIST. 0, or -1 with errno. */
+static int link_unnamed(int fd, const char *name)
+{
+    char proc[64];
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    if (linkat(AT_FDCWD, proc, AT_FDCWD, name, AT_SYMLINK_FOLLOW) == 0)
+        return 0;
+    int e = errno;
+    if (e == EEXIST)
+        return -1;
+    if (linkat(fd, "", AT_FDCWD, name, AT_EMPTY_PATH) == 0)
+        return 0;
+    if (e == ENOENT || errno == EEXIST) /* no /proc: the second answer counts */
+        e = errno;
+    errno = e;
+    return -1;
+}
+
+/* Publish the complete, synced output at `path`: an unnamed file is linked
+ * at `path` directly when nothing is there, else linked under a temporary
+ * name (in *tmp_path, mktemp-style) and renamed over `path`, as a named
+ * temporary file is. 0, or -1 with errno (a temporary name left in
+ * *tmp_path is the caller's to remove). */
+static int publish(int fd, char **tmp_path, const char *path)
+{
+    if (!*tmp_path) {
+        if (link_unnamed(fd, path) == 0)
+            return 0;
+        if (errno != EEXIST)
+            return -1;
+        static const char digits[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+        for (int attempt = 0; !*tmp_path; attempt++) {
+            char *name = temp_name(path);
+            if (!name) {
+                errno = ENOMEM;
+                return -1;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t r = (uint64_t)ts.tv_nsec * 1000003u ^ (uint64_t)ts.tv_sec ^
+                         (uint64_t)getpid() << 20 ^ (uint64_t)attempt * 7919u;
+            char *x = name + strlen(name) - 6;
+            for (int i = 0; i < 6; i++, r /= 36)
+                x[i] = digits[r % 36];
+            if (link_unnamed(fd, name) == 0) {
+                *tmp_path = name;
+                break;
+            }
+            int e = errno;
+            free(name);
+            if (e != EEXIST || attempt == 99) {
+                errno = e;
+                return -1;
+            }
         }
-        uint8_t key[SFS_KEY_SIZE];
-        if (sfs_slot_get(shard, i, key) == SFS_EMPTY_OFFSET)
-            continue;
-        top[n] = be64(key);
-        slot[n] = (uint32_t)i; /* slots <= UINT32_MAX: checked by sfs_open */
-        n++;
     }
-    if (hint_fd >= 0)
-        close(hint_fd);
+    if (rename(*tmp_path, path) < 0)
+        return -1;
+    free(*tmp_path);
+    *tmp_path = NULL;
+    return 0;
+}
 
-    /* 2. Sort by the top 64 bits; ties stay in slot order. */
-    tmp_top = malloc((n ? n : 1) * sizeof(uint64_t));
-    tmp_slot = malloc((n ? n : 1) * sizeof(uint32_t));
-    if (!tmp_top || !tmp_slot)
-        goto nomem;
-    radix_sort(&top, &slot, &tmp_top, &tmp_slot, n);
+static void sync_directory(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return;
+    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    free(copy);
+}
 
-    /* 3. Directory: dir[b] = first position of bucket b. */
-    unsigned p = sfs_sidecar_bits_for(n);
-    uint64_t buckets = UINT64_C(1) << p;
-    dir = malloc((buckets + 1) * sizeof(uint32_t));
-    buf = malloc(WRITE_ENTRIES * sizeof(uint32_t));
-    size_t plen = strlen(path) + 32;
-    tmp_path = malloc(plen);
-    char *dcopy = strdup(path), *bcopy = strdup(path);
-    if (!dir || !buf || !tmp_path || !dcopy || !bcopy) {
-        free(dcopy);
-        free(bcopy);
-        goto nomem;
-    }
-    uint64_t pos = 0;
-    for (uint64_t b = 0; b <= buckets; b++) {
-        while (pos < n && bucket_of(top[pos], p) < b)
-            pos++;
-        dir[b] = htole32((uint32_t)pos);
-    }
-
-    /* 4. Write a temporary file beside `path`, then rename it over. */
-    snprintf(tmp_path, plen, "%s/.%s.tmp-XXXXXX", dirname(dcopy), basename(bcopy));
-    free(dcopy);
-    free(bcopy);
-    fd = mkostemp(tmp_path, O_CLOEXEC);
-    if (fd < 0) {
-        rc = sfs_fail(err, SFS_EIO, errno, "%s: creating a temporary file in its directory: %s",
-                      path, strerror(errno));
-        free(tmp_path);
-        tmp_path = NULL; /* nothing to remove */
-        goto done;
-    }
+/* Header, directory (host order in dir: converted in place), fingerprints
+ * and slots of the sorted entries, through buf (WRITE_ENTRIES u32). */
+static int write_sidecar(int fd, const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE], unsigned p,
+                         uint64_t n, uint64_t slots, uint32_t *dir, const uint64_t *e,
+                         uint32_t *buf)
+{
     uint8_t header[SFS_SIDECAR_HEADER_SIZE] = {0};
     memcpy(header, SFS_SIDECAR_MAGIC, SFS_SIDECAR_MAGIC_SIZE);
     put_le32(header + 8, SFS_SIDECAR_VERSION);
@@ -242,64 +547,123 @@ int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
     put_le64(header + 16, n);
     put_le64(header + 24, slots);
     memcpy(header + 32, identity, SFS_SIDECAR_IDENTITY_SIZE);
-    uint64_t offset = 0;
+    uint64_t buckets = UINT64_C(1) << p, offset = 0;
+    for (uint64_t b = 0; b <= buckets; b++)
+        dir[b] = htole32(dir[b]);
     if (put(fd, header, sizeof(header), &offset) < 0 ||
         put(fd, dir, (buckets + 1) * sizeof(uint32_t), &offset) < 0)
-        goto io;
-    uint32_t *out = (uint32_t *)buf;
-    for (uint64_t i = 0; i < n; i += WRITE_ENTRIES) {
-        size_t m = n - i < WRITE_ENTRIES ? (size_t)(n - i) : WRITE_ENTRIES;
-        for (size_t j = 0; j < m; j++)
-            out[j] = htole32(fingerprint_of(top[i + j], p));
-        if (put(fd, out, m * sizeof(uint32_t), &offset) < 0)
-            goto io;
-    }
-    for (uint64_t i = 0; i < n; i += WRITE_ENTRIES) {
-        size_t m = n - i < WRITE_ENTRIES ? (size_t)(n - i) : WRITE_ENTRIES;
-        for (size_t j = 0; j < m; j++)
-            out[j] = htole32(slot[i + j]);
-        if (put(fd, out, m * sizeof(uint32_t), &offset) < 0)
-            goto io;
-    }
-    if (fdatasync(fd) < 0)
-        goto io;
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) < 0)
-        goto io;
-    if (rename(tmp_path, path) < 0)
-        goto io;
-    free(tmp_path);
-    tmp_path = NULL; /* published */
-    char *copy = strdup(path);
-    if (copy) {
-        int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
+        return -1;
+    for (int part = 0; part < 2; part++) { /* fingerprints, then slots */
+        unsigned shift = part ? 0 : 32;
+        for (uint64_t i = 0; i < n; i += WRITE_ENTRIES) {
+            size_t m = n - i < WRITE_ENTRIES ? (size_t)(n - i) : WRITE_ENTRIES;
+            for (size_t j = 0; j < m; j++)
+                buf[j] = htole32((uint32_t)(e[i + j] >> shift));
+            if (put(fd, buf, m * sizeof(uint32_t), &offset) < 0)
+                return -1;
         }
-        free(copy);
     }
-    goto done;
-io:
-    rc = sfs_fail(err, SFS_EIO, errno, "%s: writing the sidecar: %s", path, strerror(errno));
+    return 0;
+}
+
+int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
+                      const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE], sfs_error_t *err)
+{
+    index_t ix = {.fd = -1};
+    uint32_t *dir = NULL;
+    uint64_t *entries = NULL;
+    char *tmp_path = NULL;
+    int fd = -1, rc;
+
+    /* The output first: an unwritable directory fails before the scans. */
+    if ((rc = create_output(path, &fd, &tmp_path, err)) != SFS_OK)
+        goto done;
+    if ((rc = index_open(&ix, shard, err)) != SFS_OK)
+        goto done;
+    /* p0 >= p, the final prefix bits: the live slots are at most all. */
+    unsigned p0 = sfs_sidecar_bits_for(ix.slots), p = 0;
+    uint64_t n = 0;
+    ix.buf = malloc((size_t)CHUNK_SLOTS * SFS_SLOT_SIZE);
+    if (!ix.buf)
+        goto nomem;
+    for (int attempt = 1;; attempt++) {
+        /* 1. Count the live slots per bucket of p0 bits; then p from n, and
+         * the counts summed into buckets of p bits (2^(p0-p) each). */
+        free(entries);
+        entries = NULL;
+        uint32_t *grown = realloc(dir, ((UINT64_C(1) << p0) + 1) * sizeof(uint32_t));
+        if (!grown)
+            goto nomem;
+        dir = grown;
+        uint64_t digest;
+        if ((rc = count_pass(&ix, p0, dir, &n, &digest, err)) != SFS_OK)
+            goto done;
+        p = sfs_sidecar_bits_for(n);
+        uint64_t buckets = UINT64_C(1) << p, group = UINT64_C(1) << (p0 - p), total = 0;
+        for (uint64_t b = 0; b < buckets; b++) {
+            uint64_t c = 0;
+            for (uint64_t k = 0; k < group; k++)
+                c += dir[b * group + k];
+            total += c;
+            dir[b] = (uint32_t)total; /* end of bucket b */
+        }
+        dir[buckets] = (uint32_t)n;
+        if (p < p0 && (grown = realloc(dir, (buckets + 1) * sizeof(uint32_t))))
+            dir = grown; /* many empty slots: give the rest back */
+
+        /* 2. Scan again, each entry into its bucket: dir[b] becomes the
+         * start of bucket b. */
+        entries = malloc((n ? n : 1) * sizeof(uint64_t));
+        if (!entries)
+            goto nomem;
+        int same;
+        if ((rc = scatter_pass(&ix, p, dir, entries, n, digest, &same, err)) != SFS_OK)
+            goto done;
+        if (same)
+            break;
+        /* A slot was deleted (or rewritten) between the scans. */
+        if (attempt == BUILD_ATTEMPTS) {
+            rc = sfs_fail(err, SFS_EIO, EAGAIN, "%s: the shard's index changed during each of "
+                          "%d attempts to build its sidecar", ix.path, BUILD_ATTEMPTS);
+            goto done;
+        }
+    }
+
+    /* 3. Sort each bucket by (top 64 bits, slot). */
+    if ((rc = sort_buckets(&ix, p, dir, entries, err)) != SFS_OK)
+        goto done;
+    close(ix.fd);
+    ix.fd = -1;
+
+    /* 4. Write, sync, publish. */
+    if (write_sidecar(fd, identity, p, n, ix.slots, dir, entries, (uint32_t *)ix.buf) < 0 ||
+        fdatasync(fd) < 0) {
+        rc = sfs_fail(err, SFS_EIO, errno, "%s: writing the sidecar: %s", path, strerror(errno));
+        goto done;
+    }
+    if (publish(fd, &tmp_path, path) < 0) {
+        rc = sfs_fail(err, SFS_EIO, errno, "%s: putting the sidecar in place: %s", path,
+                      strerror(errno));
+        goto done;
+    }
+    sync_directory(path);
+    rc = SFS_OK;
     goto done;
 nomem:
     rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory building the sidecar of %s", path,
                   sfs_path(shard));
 done:
     if (fd >= 0)
-        close(fd);
+        close(fd); /* an unnamed file not published is freed here */
     if (tmp_path) {
         unlink(tmp_path);
         free(tmp_path);
     }
-    free(top);
-    free(slot);
-    free(tmp_top);
-    free(tmp_slot);
+    if (ix.fd >= 0)
+        close(ix.fd);
+    free(ix.buf);
     free(dir);
-    free(buf);
+    free(entries);
     return rc;
 }
 

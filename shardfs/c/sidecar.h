@@ -83,14 +83,23 @@ unsigned sfs_sidecar_bits_for(uint64_t n);
 uint64_t sfs_sidecar_file_size(unsigned p, uint64_t n);
 
 /* Build the sidecar of `shard` at `path`, stamped with `identity`.
- * Scans the index once in slot order (live slots only: a slot whose offset
- * is SFS_EMPTY_OFFSET, empty or deleted, is skipped), sorts the entries by
- * the top 64 bits of their key (LSD radix sort, stable: ties stay in slot
- * order), writes a temporary file `.<basename>.tmp-XXXXXX` (mode 0600) in
- * the directory of `path`, fdatasyncs it, renames it over `path` and fsyncs
- * the directory. Memory: about 24 bytes per live slot, freed on return.
- * Returns SFS_OK; SFS_EIO (errno in err: a missing directory, ENOSPC, EROFS...)
- * or SFS_ENOMEM with the temporary file removed and `path` untouched. */
+ * Reads the index twice with pread through a descriptor of its own (the
+ * shard's path opened again, its 88-byte header checked against the open
+ * shard's; never through the mapping, so a shrinking shard cannot raise
+ * SIGBUS): pass 1 counts the live slots per bucket (a slot whose offset is
+ * SFS_EMPTY_OFFSET, empty or deleted, is skipped) and makes the directory,
+ * pass 2 places each entry in its bucket; buckets are then sorted by the top
+ * 64 bits of the key, ties by slot. If the two passes disagree (a delete ran
+ * meanwhile) the build starts again, at most 3 times. The output is an
+ * unnamed O_TMPFILE (mode 0600) in the directory of `path`, fdatasync'ed,
+ * then linked onto `path` (or linked beside it and renamed over it), and the
+ * directory fsync'ed (a mkostemp `.<basename>.tmp-XXXXXX` where O_TMPFILE is
+ * unsupported). Memory: about 8 bytes per live key plus the directory (0.5
+ * to 1 byte per key) plus 1 MiB, freed on return.
+ * Returns SFS_OK; SFS_EIO with errno in err: a missing or unwritable
+ * directory, ENOSPC, EROFS...; ESTALE when the path no longer names the open
+ * shard, ENOENT when it is gone, EAGAIN when the index kept changing; or
+ * SFS_ENOMEM. On error nothing is left at `path` or beside it. */
 int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
                       const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE], sfs_error_t *err);
 

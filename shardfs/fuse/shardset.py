@@ -26,6 +26,7 @@ runs (`close_idle`).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -40,6 +41,10 @@ from shardfs import sidecar as sidecar_mod
 from shardfs._shardfs import SidecarSet
 
 log = logging.getLogger("shardfs.fuse")
+
+#: Errors of a sidecar build that come from the cache directory (then a
+#: private temporary directory is used instead).
+_CACHE_DIR_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
 
 
 @dataclass(eq=False)
@@ -241,6 +246,8 @@ class ShardSet:
                 try:
                     member.sidecar = sidecar_mod.build(member.shard, self.cache_dir)
                 except OSError as exc:
+                    if exc.errno not in _CACHE_DIR_ERRNOS:
+                        raise  # the shard, not the cache directory
                     if self._tmp_cache is None:
                         log.warning("cannot write sidecars in %s (%s): using a temporary directory",
                                     self.cache_dir, exc.strerror or exc)

@@ -1,18 +1,22 @@
 # shardfs — two commands on a fresh Debian machine: `make demo` and `make test`.
 # Both install what they need: Debian packages (as root, or through sudo) and a venv.
+# Deeper checks (tests/fuzz/README.md): `make test-asan`, `make test-valgrind`,
+# `make fuzz` (FUZZ_SECONDS per harness) and `make fuzz-ci` (about a minute).
 
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio
+APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
+	clang libclang-rt-dev llvm valgrind
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c
-C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h
+C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h
 
-.PHONY: all deps apt venv demo test test-c test-py bench bench-full clean
+.PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
+	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
 
 all: venv
 
@@ -49,7 +53,13 @@ test-c: apt tests/c/test_shard tests/c/test_sidecar
 test-py: venv
 	$(PY) -m pytest -q tests
 
-test: test-c test-py
+# `make test`: everything a change must pass (tests/fuzz/README.md): the C and
+# Python tests, the same under ASan+UBSan and valgrind, and a short fuzzing
+# run that first replays every input that ever crashed. `make test-quick`:
+# the C and Python tests only.
+test: test-c test-py test-asan test-valgrind fuzz-ci
+
+test-quick: test-c test-py
 
 demo: venv
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
@@ -79,5 +89,129 @@ bench-scale: venv
 	mkdir -p bench/results && set -o pipefail && \
 	$(PY) bench/scale_bench.py $(ARGS) | tee bench/results/scale.log
 
+# ---------------------------------------------------------------- sanitizers
+# test-asan: the C tests and the fuzz regressions and seeds built with gcc's
+# AddressSanitizer + UBSan (leak check on), then the Python tests against a
+# sanitized build of the extension in build/asan/py (a copy of the package:
+# the editable install in $(VENV) is not touched), libasan and libubsan
+# preloaded into the stock python3, leaks off there (CPython keeps memory
+# until exit by design).
+SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+SAN_DIR := build/asan
+SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py \
+	tests/test_interop.py tests/test_cli.py tests/test_fuse.py
+FUZZ_DIR ?= build/fuzz
+FUZZ_HARNESSES := shard sidecar
+FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c
+FUZZ_DEPS := tests/fuzz/fuzz_common.h $(FUZZ_LIB_SOURCES) $(C_HEADERS)
+
+$(SAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	@mkdir -p $(@D)
+	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(SAN_FLAGS) -Ishardfs/c \
+	  -o $@ $< $(C_SOURCES) $(LIBS_C) -lpthread
+
+$(SAN_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
+	@mkdir -p $(@D)
+	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(SAN_FLAGS) -Ishardfs/c \
+	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
+
+test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar \
+		$(foreach h,$(FUZZ_HARNESSES),$(SAN_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
+	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_shard
+	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_sidecar
+	$(foreach h,$(FUZZ_HARNESSES),$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 \
+	  ./$(SAN_DIR)/replay_$(h) $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
+	rm -rf $(SAN_DIR)/py $(SAN_DIR)/tmp
+	mkdir -p $(SAN_DIR)/py
+	rsync -a --exclude '*.so' --exclude __pycache__ --exclude c shardfs $(SAN_DIR)/py/
+	CFLAGS="-O1 -g $(SAN_FLAGS)" LDFLAGS="$(SAN_FLAGS)" $(PY) setup.py -q build_ext --force \
+	  --build-lib $(SAN_DIR)/py --build-temp $(SAN_DIR)/tmp
+	@# PYTHONSAFEPATH (python -P, inherited by the tests' subprocesses such as
+	@# `python -m shardfs`): no current directory on sys.path, so the
+	@# sanitized copy on PYTHONPATH is the one imported.
+	set -o pipefail; export PYTHONPATH=$(abspath $(SAN_DIR)/py) PYTHONSAFEPATH=1 $(SAN_ENV) \
+	  ASAN_OPTIONS=detect_leaks=0 \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)"; \
+	  so=$$($(PY) -c 'import shardfs._shardfs as m; print(m.__file__)'); \
+	  echo "sanitized extension: $$so"; \
+	  case "$$so" in $(abspath $(SAN_DIR)/py)/*) ;; *) echo "not the sanitized build" >&2; exit 1;; esac; \
+	  $(PY) -m pytest -q -p no:cacheprovider $(SAN_PY_TESTS)
+
+# test-valgrind: the C tests (and the fuzz regressions and seeds) built
+# normally (-O1 -g) and run under memcheck: any error or leak fails.
+VG_DIR := build/valgrind
+VALGRIND := valgrind --error-exitcode=1 --leak-check=full \
+	--errors-for-leak-kinds=definite,indirect,possible --show-leak-kinds=definite,indirect,possible
+
+$(VG_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	@mkdir -p $(@D)
+	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Ishardfs/c \
+	  -o $@ $< $(C_SOURCES) $(LIBS_C) -lpthread
+
+$(VG_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
+	@mkdir -p $(@D)
+	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Ishardfs/c \
+	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
+
+test-valgrind: apt venv $(VG_DIR)/test_shard $(VG_DIR)/test_sidecar \
+		$(foreach h,$(FUZZ_HARNESSES),$(VG_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
+	$(VALGRIND) ./$(VG_DIR)/test_shard
+	$(VALGRIND) ./$(VG_DIR)/test_sidecar
+	$(foreach h,$(FUZZ_HARNESSES),$(VALGRIND) -q ./$(VG_DIR)/replay_$(h) \
+	  $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
+
+# ---------------------------------------------------------------- fuzzing
+# libFuzzer harnesses tests/fuzz/fuzz_{shard,sidecar}.c, built with clang:
+# the library with coverage feedback + ASan + UBSan, the harness with the
+# sanitizers only (its own loops give no feedback). Work files (binaries,
+# seed corpus, growing corpus, logs, crash inputs) under $(FUZZ_DIR).
+FUZZ_SECONDS ?= 900
+FUZZ_CI_SECONDS ?= 30
+FUZZ_CC := clang -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Ishardfs/c
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
+
+$(FUZZ_DIR)/bin/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_DEPS)
+	@mkdir -p $(@D)/obj-$*
+	for f in $(FUZZ_LIB_SOURCES); do \
+	  $(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -c $$f -o $(@D)/obj-$*/$$(basename $$f .c).o \
+	  || exit 1; done
+	$(FUZZ_CC) $(FUZZ_SAN) -c $< -o $(@D)/obj-$*/harness.o
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $(@D)/obj-$*/*.o
+
+# Line coverage: the harness replayed (no libFuzzer) over corpus + seeds.
+$(FUZZ_DIR)/bin/cov_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) -fprofile-instr-generate -fcoverage-mapping -o $@ tests/fuzz/replay.c $< \
+	  $(FUZZ_LIB_SOURCES)
+
+$(FUZZ_DIR)/seeds/.stamp: tests/fuzz/make_corpus.py $(VENV)/.stamp
+	$(PY) tests/fuzz/make_corpus.py $(FUZZ_DIR)/seeds
+	@touch $@
+
+fuzz-build: apt venv $(foreach h,$(FUZZ_HARNESSES),$(FUZZ_DIR)/bin/fuzz_$(h)) $(FUZZ_DIR)/seeds/.stamp
+
+# Every input of tests/fuzz/regressions/ and of the seed corpus, once.
+fuzz-replay: fuzz-build
+	bash tests/fuzz/run_fuzz.sh replay $(FUZZ_DIR) $(FUZZ_HARNESSES)
+
+fuzz: fuzz-replay
+	bash tests/fuzz/run_fuzz.sh fuzz $(FUZZ_SECONDS) $(FUZZ_DIR) $(FUZZ_HARNESSES)
+	$(MAKE) --no-print-directory fuzz-coverage
+
+fuzz-ci: fuzz-replay
+	bash tests/fuzz/run_fuzz.sh fuzz $(FUZZ_CI_SECONDS) $(FUZZ_DIR) $(FUZZ_HARNESSES)
+
+fuzz-coverage: apt $(foreach h,$(FUZZ_HARNESSES),$(FUZZ_DIR)/bin/cov_$(h)) $(FUZZ_DIR)/seeds/.stamp
+	rm -rf $(FUZZ_DIR)/profile && mkdir -p $(FUZZ_DIR)/profile
+	$(foreach h,$(FUZZ_HARNESSES),mkdir -p $(FUZZ_DIR)/corpus/$(h) && \
+	  LLVM_PROFILE_FILE=$(FUZZ_DIR)/profile/$(h).profraw ./$(FUZZ_DIR)/bin/cov_$(h) \
+	  $(FUZZ_DIR)/corpus/$(h) $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
+	llvm-profdata merge -o $(FUZZ_DIR)/profile/all.profdata $(FUZZ_DIR)/profile/*.profraw
+	llvm-cov report $(FUZZ_DIR)/bin/cov_$(firstword $(FUZZ_HARNESSES)) \
+	  $(foreach h,$(wordlist 2,9,$(FUZZ_HARNESSES)),-object $(FUZZ_DIR)/bin/cov_$(h)) \
+	  -instr-profile=$(FUZZ_DIR)/profile/all.profdata $(FUZZ_LIB_SOURCES) | tee $(FUZZ_DIR)/coverage.txt
+
+# (the .so of the editable install goes too: the next `make venv` rebuilds it)
 clean:
-	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar shardfs/*.so
+	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar shardfs/*.so $(VENV)/.stamp

@@ -267,19 +267,28 @@ int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, siz
 
     /* The select vector must hold exactly sel_n ones below nbits, and the
      * select table must give the position of every 128th one: then every
-     * query below stays inside the vector. One pass, 64 bits at a time. */
-    uint64_t ones = 0;
+     * query below stays inside the vector. The code of every bucket must
+     * end at or after the previous one's end, at most 31 bits later and
+     * inside the store: then displacement() cannot fail, and every key
+     * maps to a slot (as shard.h promises for sfs_slot_of). One pass, 64
+     * bits at a time. */
+    uint64_t ones = 0, prev_end = 0;
     for (uint64_t byte = 0; byte * 8 < nbits; byte += 8) {
         uint64_t w = bits64(c, byte);
         uint64_t valid = nbits - byte * 8;
         if (valid < 64)
             w &= ((uint64_t)1 << valid) - 1;
         while (w) {
-            if ((ones & 127) == 0) {
-                uint64_t at = byte * 8 + (uint64_t)__builtin_ctzll(w);
-                if (ones < sel_n && le32(c->select_table + 4 * (ones >> 7)) != at)
+            uint64_t at = byte * 8 + (uint64_t)__builtin_ctzll(w);
+            if (ones < sel_n) {
+                if ((ones & 127) == 0 && le32(c->select_table + 4 * (ones >> 7)) != at)
                     FAIL("hash section: select table entry %llu is wrong",
                          (unsigned long long)(ones >> 7));
+                uint64_t end = code_end(c, (uint32_t)ones, at);
+                if (end < prev_end || end - prev_end > 31 || end > total_length)
+                    FAIL("hash section: the displacement code of bucket %llu is inconsistent",
+                         (unsigned long long)ones);
+                prev_end = end;
             }
             ones++;
             w &= w - 1;

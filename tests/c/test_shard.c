@@ -406,6 +406,75 @@ static void test_bad_files(void)
     free(bad);
 }
 
+/* Damaged displacement codes (the length remainders of the CHD_PH dump): a
+ * bucket's code that ends before the previous one's, or more than 31 bits
+ * after it, or past the store, is rejected at open. Before that check such
+ * a shard opened and some keys hashed to no slot (sfs_slot_of returned
+ * SFS_CHD_FAIL, against shard.h; found by tests/fuzz/fuzz_shard.c, input
+ * tests/fuzz/regressions/shard/chd-code-ends-before-previous). A shard that
+ * still opens maps every key to a slot. */
+static void test_bad_displacement(void)
+{
+    uint64_t n = 300;
+    uint8_t(*keys)[32] = malloc(n * 32);
+    char *p = strdup(path_of("disp.shard"));
+    CHECK(build(p, n, keys) == 0, "build");
+    struct stat st;
+    stat(p, &st);
+    uint8_t *buf = malloc((size_t)st.st_size);
+    FILE *f = fopen(p, "rb");
+    CHECK(f && fread(buf, 1, (size_t)st.st_size, f) == (size_t)st.st_size, "read %s", p);
+    fclose(f);
+    sfs_shard_t *s;
+    sfs_error_t err;
+    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
+    sfs_header_t h = *sfs_header(s);
+    sfs_close(s);
+    sfs_chd_t c;
+    char why[256];
+    CHECK(sfs_chd_parse(&c, buf + h.hash_position, (uint64_t)st.st_size - h.hash_position, why,
+                        sizeof(why)) == 0,
+          "parse: %s", why);
+    uint64_t lr = (uint64_t)(c.length_rems - buf), words = c.length_rems_words;
+    CHECK(c.rem_r > 0 && words > 0, "the dump has length remainders");
+    char *bad = strdup(path_of("disp-bad.shard"));
+    uint64_t rejected = 0, opened = 0, unmapped = 0;
+    uint8_t *copy = malloc((size_t)st.st_size);
+    for (int round = 0; round < 200 && words; round++) {
+        memcpy(copy, buf, (size_t)st.st_size);
+        for (int j = 0; j < 1 + round % 4; j++) {
+            uint32_t v = (uint32_t)next_rand();
+            memcpy(copy + lr + 4 * (next_rand() % words), &v, 4);
+        }
+        f = fopen(bad, "wb");
+        fwrite(copy, 1, (size_t)st.st_size, f);
+        fclose(f);
+        int rc = sfs_open(bad, 0, &s, &err);
+        if (rc == SFS_ECORRUPT && strstr(err.message, "displacement code"))
+            rejected++;
+        if (rc != SFS_OK)
+            continue;
+        opened++;
+        for (uint64_t i = 0; i < n; i++)
+            unmapped += sfs_slot_of(s, keys[i]) >= sfs_slot_count(s);
+        for (int i = 0; i < 2000; i++) {
+            uint8_t k[32];
+            rand_key(k);
+            unmapped += sfs_slot_of(s, k) >= sfs_slot_count(s);
+        }
+        sfs_close(s);
+    }
+    CHECK(unmapped == 0, "%llu keys hash to no slot in shards that opened (%llu of 200)",
+          (unsigned long long)unmapped, (unsigned long long)opened);
+    CHECK(rejected > 0, "damaged remainders rejected at open (%llu of 200)",
+          (unsigned long long)rejected);
+    free(copy);
+    free(buf);
+    free(keys);
+    free(p);
+    free(bad);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/shardfs-ctest-XXXXXX");
@@ -422,6 +491,7 @@ int main(void)
     test_delete();
     test_threads();
     test_bad_files();
+    test_bad_displacement();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0)

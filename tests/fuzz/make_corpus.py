@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Write the seed corpus of the fuzz harnesses (tests/fuzz/fuzz_*.c).
+
+    .venv/bin/python tests/fuzz/make_corpus.py OUT_DIR
+
+OUT_DIR/shard/ receives real shards built with shardfs (0, 1, 2, 3, 10, 100
+and 1000 objects, objects of 0 bytes to 20 KiB, one with deleted keys) and
+variants of them: each header field set to interesting values, a region of
+the objects, index or hash section overwritten (zeros, 0xff, random bytes,
+one byte of each field of the CHD_PH dump), truncations at the section
+boundaries, bytes appended. OUT_DIR/sidecar/ receives the sidecars of those
+shards (plus larger ones) and variants: header fields, directory entries,
+unsorted fingerprints, truncations.
+
+Deterministic: the same files every run (fixed random seed). Most variants
+do not open; they are there to reach the error paths, while the real files
+take the fuzzer deep into lookups, check and delete at once.
+"""
+
+import hashlib
+import os
+import random
+import shutil
+import struct
+import sys
+import tempfile
+
+from shardfs import Shard, ShardWriter
+from shardfs import _shardfs
+from shardfs import sidecar as sidecar_mod
+
+HEADER = 88
+SIDE_HEADER = 64
+
+
+def key_of(i: int, tag: bytes) -> bytes:
+    return hashlib.sha256(tag + i.to_bytes(8, "little")).digest()
+
+
+def build_shard(path, sizes, tag=b"seed", delete=()):
+    keys = []
+    with ShardWriter(path) as w:
+        for i, size in enumerate(sizes):
+            k = key_of(i, tag)
+            keys.append(k)
+            w.add(k, bytes((i * 31 + j) & 0xFF for j in range(size)))
+    if delete:
+        with Shard(path, writable=True) as s:
+            for i in delete:
+                s.delete(keys[i])
+    return keys
+
+
+def header_fields(blob):
+    return list(struct.unpack(">7Q", blob[32:HEADER]))
+
+
+def set_field(blob, field, value):
+    b = bytearray(blob)
+    b[32 + 8 * field:40 + 8 * field] = struct.pack(">Q", value & (2**64 - 1))
+    return bytes(b)
+
+
+def overwrite(blob, at, data):
+    b = bytearray(blob)
+    at = max(0, min(at, len(b)))
+    b[at:at + len(data)] = data  # past the end: the file grows
+    return bytes(b)
+
+
+def chd_fields(blob, hash_position):
+    """Byte offsets of the fields of the CHD_PH dump (see shardfs/c/chd.h)."""
+    h = hash_position
+    cs = h + 31
+    cs_len = struct.unpack_from("<I", blob, h + 27)[0]
+    sel = cs + 16
+    sel_len = struct.unpack_from("<I", blob, cs + 12)[0]
+    sel_n, sel_m = struct.unpack_from("<II", blob, sel)
+    nbits = sel_n + sel_m
+    vec = ((nbits + 31) >> 5) * 4
+    return {
+        "name": h, "size": h + 7, "hl_len": h + 11, "hashname": h + 15, "seed": h + 23,
+        "cs_len": h + 27, "cs_n": cs, "rem_r": cs + 4, "total_length": cs + 8,
+        "sel_len": cs + 12, "sel_n": sel, "sel_m": sel + 4, "bits": sel + 8,
+        "select_table": sel + 8 + vec, "length_rems": cs + 16 + sel_len,
+        "store_last": cs + cs_len - 4, "n": cs + cs_len, "nbuckets": cs + cs_len + 4,
+    }
+
+
+def shard_variants(name, blob, rnd):
+    """Mutated copies of one real shard: (name, bytes) pairs."""
+    out = []
+    f = header_fields(blob)
+    _, count, opos, osize, ipos, isize, hpos = f
+    size = len(blob)
+    values = [0, 1, 39, 40, 87, 88, 511, 512, 513, size - 1, size, size + 1,
+              2**32, 2**63, 2**64 - 1, 2**64 - 8]
+    for field in range(7):
+        for v in values + [f[field] + 1, f[field] - 1, f[field] + 40, f[field] - 40]:
+            if v != f[field]:
+                out.append((f"{name}-h{field}-{v & (2**64 - 1):x}", set_field(blob, field, v)))
+    # consistent moves: the index and hash sections where they are
+    out.append((f"{name}-count0", set_field(blob, 1, 0)))
+    # truncations and extensions
+    cuts = {0, 1, 8, 31, 32, 87, 88, 100, 511, 512, opos + 8, ipos - 1, ipos, ipos + 39,
+            ipos + 40, hpos - 1, hpos, hpos + 7, hpos + 27, hpos + 30, hpos + 31,
+            hpos + 60, size - 9, size - 8, size - 1}
+    for c in sorted(cuts):
+        if 0 <= c < size:
+            out.append((f"{name}-cut{c}", blob[:c]))
+    out.append((f"{name}-plus1", blob + b"\0"))
+    out.append((f"{name}-plus4k", blob + bytes(rnd.getrandbits(8) for _ in range(4096))))
+    # regions overwritten
+    for label, at, length in [("obj", opos, min(osize, 64)), ("objmid", opos + osize // 2, 24),
+                              ("idx", ipos, min(isize, 80)), ("idxmid", ipos + isize // 2, 40),
+                              ("idxend", ipos + isize - 40, 40)]:
+        if length <= 0:
+            continue
+        for fill in ("zero", "ff", "rand"):
+            data = (bytes(length) if fill == "zero" else b"\xff" * length if fill == "ff"
+                    else bytes(rnd.getrandbits(8) for _ in range(length)))
+            out.append((f"{name}-{label}-{fill}", overwrite(blob, at, data)))
+    # a slot whose offset points elsewhere: into the header, the index, past the end
+    for label, target in [("hdr", 0), ("idx", ipos), ("end", size), ("last", ipos - 8),
+                          ("max", 2**64 - 2)]:
+        out.append((f"{name}-slot0-{label}", overwrite(blob, ipos + 32, struct.pack(">Q", target))))
+    # an object's size field made huge
+    if osize >= 8:
+        out.append((f"{name}-objsize-huge", overwrite(blob, opos, struct.pack(">Q", 2**63))))
+        out.append((f"{name}-objsize-end", overwrite(blob, opos, struct.pack(">Q", osize - 8))))
+    # each field of the perfect hash, changed by one and set to extremes
+    for field, at in chd_fields(blob, hpos).items():
+        if at + 4 > size:
+            continue
+        orig = struct.unpack_from("<I", blob, at)[0]
+        for v in {orig + 1, orig - 1, 0, 0xFFFFFFFF, orig ^ 0x80000000}:
+            out.append((f"{name}-chd-{field}-{v & 0xFFFFFFFF:x}",
+                        overwrite(blob, at, struct.pack("<I", v & 0xFFFFFFFF))))
+    # random byte flips in the hash section
+    for r in range(8):
+        b = bytearray(blob)
+        for _ in range(1 + r):
+            b[hpos + rnd.randrange(size - hpos)] ^= 1 << rnd.randrange(8)
+        out.append((f"{name}-hashflip{r}", bytes(b)))
+    return out
+
+
+def sidecar_variants(name, blob, rnd):
+    out = []
+    p = struct.unpack_from("<I", blob, 12)[0]
+    n = struct.unpack_from("<Q", blob, 16)[0]
+    slots = struct.unpack_from("<Q", blob, 24)[0]
+    dir_at = SIDE_HEADER
+    fp_at = dir_at + 4 * ((1 << p) + 1)
+    slot_at = fp_at + 4 * n
+    size = len(blob)
+    for label, at, fmt, values in [
+            ("version", 8, "<I", [0, 2, 0xFFFFFFFF]),
+            ("p", 12, "<I", [0, 1, p + 1, p - 1, 32, 33, 0xFFFFFFFF]),
+            ("n", 16, "<Q", [0, n + 1, n - 1, slots, slots + 1, 2**32, 2**64 - 1]),
+            ("slots", 24, "<Q", [0, n, n - 1, slots + 1, 2**64 - 1])]:
+        for v in values:
+            mask = 2**32 - 1 if fmt == "<I" else 2**64 - 1
+            out.append((f"{name}-{label}-{v & mask:x}",
+                        overwrite(blob, at, struct.pack(fmt, v & mask))))
+    out.append((f"{name}-magic", overwrite(blob, 0, b"SFSSIDE2")))
+    for c in sorted({0, 8, 63, 64, 65, fp_at - 1, fp_at, slot_at, size - 1}):
+        if 0 <= c < size:
+            out.append((f"{name}-cut{c}", blob[:c]))
+    out.append((f"{name}-plus4", blob + b"\0\0\0\0"))
+    # directory entries: past n, decreasing, all zero, all n
+    nd = (1 << p) + 1
+    for label, values in [("dirbig", [n + 5, 0xFFFFFFFF]), ("dirzero", [0]), ("dirn", [n])]:
+        for v in values:
+            b = bytearray(blob)
+            for i in range(0, nd, max(1, nd // 7)):
+                struct.pack_into("<I", b, dir_at + 4 * i, v)
+            out.append((f"{name}-{label}-{v:x}", bytes(b)))
+    b = bytearray(blob)
+    for i in range(nd):
+        struct.pack_into("<I", b, dir_at + 4 * i, (nd - i) * n // nd)
+    out.append((f"{name}-dirdecreasing", bytes(b)))
+    b = bytearray(blob)
+    for i in range(nd):
+        struct.pack_into("<I", b, dir_at + 4 * i, n if i % 2 else 0)
+    out.append((f"{name}-dirzigzag", bytes(b)))
+    if n > 1:
+        # fingerprints reversed (unsorted buckets), random slots
+        fps = blob[fp_at:slot_at]
+        words = [fps[i:i + 4] for i in range(0, len(fps), 4)]
+        out.append((f"{name}-fprev", blob[:fp_at] + b"".join(reversed(words)) + blob[slot_at:]))
+        out.append((f"{name}-slotsrand", blob[:slot_at] + bytes(rnd.getrandbits(8)
+                                                                 for _ in range(4 * n))))
+    return out
+
+
+def synthetic_sidecars(rnd):
+    """Well-formed sidecars built by hand: empty, one bucket crowded, a large
+    sparse directory, a bucket of more than 16 entries (binary search)."""
+    out = []
+
+    def make(p, entries, slot_count, ident=b"\x11" * 32):
+        entries = sorted(entries)  # (top64, slot)
+        n = len(entries)
+        head = b"SFSSIDE1" + struct.pack("<IIQQ", 1, p, n, slot_count) + ident
+        dirs, pos = [], 0
+        for b in range((1 << p) + 1):
+            while pos < n and (entries[pos][0] >> (64 - p) if p else 0) < b:
+                pos += 1
+            dirs.append(pos)
+        fp = [((t << p) & (2**64 - 1)) >> 32 for t, _ in entries]
+        return (head + struct.pack(f"<{len(dirs)}I", *dirs) + struct.pack(f"<{n}I", *fp)
+                + struct.pack(f"<{n}I", *[s for _, s in entries]))
+
+    out.append(("syn-empty-p0", make(0, [], 0)))
+    out.append(("syn-empty-p10", make(10, [], 5)))
+    same = [((0x1234 << 48) | rnd.getrandbits(40), i) for i in range(40)]
+    out.append(("syn-crowded-p2", make(2, same, 100)))
+    out.append(("syn-crowded-p4", make(4, same + [(rnd.getrandbits(64), 50 + i)
+                                                    for i in range(20)], 100)))
+    out.append(("syn-sparse-p12", make(12, [(rnd.getrandbits(64), i) for i in range(30)], 40)))
+    # p = 32 needs a 16 GiB file: a header only (fails the size check)
+    head = b"SFSSIDE1" + struct.pack("<IIQQ", 1, 32, 0, 0) + b"\x11" * 32
+    out.append(("syn-p32-header", head + bytes(64)))
+    dup = [(0xABCDEF << 40, i) for i in range(20)]
+    out.append(("syn-dupkeys-p1", make(1, dup, 30)))
+    return out
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out_dir = sys.argv[1]
+    shard_dir = os.path.join(out_dir, "shard")
+    side_dir = os.path.join(out_dir, "sidecar")
+    for d in (shard_dir, side_dir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    rnd = random.Random(20240505)
+    specs = [
+        ("n0", []),
+        ("n1", [5]),
+        ("n1-empty-object", [0]),
+        ("n2", [0, 17]),
+        ("n3", [1, 2, 3]),
+        ("n10", [rnd.randrange(50) for _ in range(10)]),
+        ("n100", [rnd.randrange(300) for _ in range(99)] + [20000]),
+        ("n1000", [rnd.randrange(9) for _ in range(1000)]),
+    ]
+    shards, sidecars = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        def one(name, sizes, delete=()):
+            path = os.path.join(tmp, name + ".shard")
+            build_shard(path, sizes, tag=name.encode(), delete=delete)
+            with open(path, "rb") as fh:
+                shards.append((name, fh.read()))
+            with Shard(path) as s:
+                ident = sidecar_mod.identity(s)
+                spath = os.path.join(tmp, name + ".sidecar")
+                _shardfs.build_sidecar(s._reader, spath, ident)
+            with open(spath, "rb") as fh:
+                sidecars.append((name, fh.read()))
+
+        for name, sizes in specs:
+            one(name, sizes)
+        one("n50-deleted", [rnd.randrange(40) for _ in range(50)], delete=(0, 7, 49))
+        one("n2-deleted-all", [3, 4], delete=(0, 1))
+        # sidecar only (its shard is too big for a fast seed): p = 11
+        path = os.path.join(tmp, "n10000.shard")
+        build_shard(path, [0] * 10000, tag=b"big")
+        with Shard(path) as s:
+            spath = os.path.join(tmp, "n10000.sidecar")
+            _shardfs.build_sidecar(s._reader, spath, sidecar_mod.identity(s))
+        with open(spath, "rb") as fh:
+            sidecars.append(("n10000", fh.read()))
+
+    written = {"shard": 0, "sidecar": 0}
+
+    def write(d, kind, name, data):
+        with open(os.path.join(d, name), "wb") as fh:
+            fh.write(data)
+        written[kind] += 1
+
+    for name, blob in shards:
+        write(shard_dir, "shard", name, blob)
+        if name in ("n0", "n1", "n10", "n100", "n1000", "n50-deleted"):
+            for vname, data in shard_variants(name, blob, rnd):
+                write(shard_dir, "shard", vname, data)
+    for name, blob in sidecars:
+        write(side_dir, "sidecar", name, blob)
+        if name in ("n0", "n1", "n10", "n1000", "n10000", "n50-deleted"):
+            for vname, data in sidecar_variants(name, blob, rnd):
+                write(side_dir, "sidecar", vname, data)
+    for vname, data in synthetic_sidecars(rnd):
+        write(side_dir, "sidecar", vname, data)
+    print(f"seed corpus: {written['shard']} shard inputs in {shard_dir}, "
+          f"{written['sidecar']} sidecar inputs in {side_dir}")
+
+
+if __name__ == "__main__":
+    main()

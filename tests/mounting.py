@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +24,17 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
+import pytest
+
 SHARDFS = [sys.executable, "-m", "shardfs"]
 TIMEOUT = 60  # seconds for an ordinary command; a hang must fail, not wedge the run
+
+#: Mark for tests (or ``pytestmark`` of modules) that mount: skipped where
+#: FUSE is not usable.
+needs_fuse = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="needs /dev/fuse and fusermount3 (fuse3)",
+)
 
 
 def run(args: Sequence[str], check: bool = False, timeout: float = TIMEOUT, **kw) -> subprocess.CompletedProcess:

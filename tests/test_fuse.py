@@ -31,21 +31,18 @@ import pytest
 from mounting import (
     SHARDFS,
     TIMEOUT,
-    Mounter,
     build_shard,
     daemon_pids,
     gone,
     key_of,
     mount_info,
     mounted,
+    needs_fuse,
     run,
     wait_until,
 )
 
-pytestmark = [
-    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse"),
-    pytest.mark.skipif(shutil.which("fusermount3") is None, reason="needs fusermount3 (fuse3)"),
-]
+pytestmark = needs_fuse
 
 pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
@@ -92,20 +89,6 @@ def big(tmp_path_factory):
         w.add_file(bytes.fromhex(key), str(src))
         w.add(hashlib.sha256(b"small").digest(), b"small")
     return path, src, key
-
-
-@pytest.fixture(scope="module")
-def module_mounter():
-    m = Mounter()
-    yield m
-    m.cleanup()
-
-
-@pytest.fixture
-def mounter():
-    m = Mounter()
-    yield m
-    m.cleanup()
 
 
 @pytest.fixture(scope="module")

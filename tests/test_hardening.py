@@ -25,22 +25,11 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from mounting import SHARDFS, Mounter, build_shard, daemon_pids, key_of, make_blobs, mounted, run, wait_until
+from mounting import SHARDFS, build_shard, daemon_pids, key_of, make_blobs, mounted, needs_fuse, run, wait_until
 
 pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
 
-needs_fuse = [
-    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse"),
-    pytest.mark.skipif(shutil.which("fusermount3") is None, reason="needs fusermount3 (fuse3)"),
-]
-
-
-@pytest.fixture
-def mounter():
-    m = Mounter()
-    yield m
-    m.cleanup()
 
 
 def _read(path: Path) -> bytes:
@@ -78,15 +67,13 @@ def test_truncated_shard_api_raises_eio(tmp_path):
         assert all(s[k] == v for k, v in fine.items())
 
 
+@needs_fuse
 @pytest.mark.parametrize("how", ["truncate", "overwrite"])
 def test_shard_changed_under_a_mount(tmp_path, mounter, how):
     """Two shards mounted; one is truncated (or its index and hash
     overwritten with random bytes) while mounted: its objects answer EIO
     (or are not found), the other shard's objects read correctly, the
     daemon survives and unmounts cleanly."""
-    for mark in needs_fuse:
-        if mark.args[0]:
-            pytest.skip(mark.kwargs["reason"])
     a, b = tmp_path / "a.shard", tmp_path / "b.shard"
     objects_a = build_shard(a, make_blobs(3, 2000, 100, 5000, tag=b"a"))
     objects_b = build_shard(b, make_blobs(4, 2000, 100, 5000, tag=b"b"))
@@ -188,14 +175,12 @@ def _reader_loop(read_one, keys: List[str], seed: int, deadline: float, errors: 
     counts.append(n)
 
 
+@needs_fuse
 def test_32_readers_through_a_mount(tmp_path, mounter):
     """32 threads read one mount for STRESS_SECONDS: random and sequential
     whole-object reads verified by SHA-256, random ranges compared with the
     source bytes. Zero errors, and the daemon's anonymous memory stays
     flat (compared after a warm-up to the end)."""
-    for mark in needs_fuse:
-        if mark.args[0]:
-            pytest.skip(mark.kwargs["reason"])
     path, objects = _stress_objects(tmp_path)
     point = mounter.mount([path], tmp_path / "mnt", "--cache-dir", str(tmp_path / "cache"))
     pid = daemon_pids(point)[0]
@@ -404,14 +389,12 @@ def public_dir():
     shutil.rmtree(top, ignore_errors=True)
 
 
+@needs_fuse
 def test_mount_is_private_read_only_and_fixed(tmp_path, public_dir, mounter):
     """Without allow_other only the mounting user gets in; with it, others
     read but never write. Modes are fixed (files 0444, directories 0555)
     whatever the shard file's mode; the mount is ro,nosuid,nodev; odd names
     never make the daemon open anything."""
-    for mark in needs_fuse:
-        if mark.args[0]:
-            pytest.skip(mark.kwargs["reason"])
     if os.geteuid() != 0 or shutil.which("runuser") is None:
         pytest.skip("needs root and runuser to act as another user")
     path = tmp_path / "p.shard"

@@ -40,7 +40,6 @@ import pytest
 from mounting import (
     SHARDFS,
     TIMEOUT,
-    Mounter,
     bash,
     build_shard,
     daemon_pids,
@@ -50,14 +49,12 @@ from mounting import (
     make_blobs,
     mount_info,
     mounted,
+    needs_fuse,
     run,
     wait_until,
 )
 
-pytestmark = [
-    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse"),
-    pytest.mark.skipif(shutil.which("fusermount3") is None, reason="needs fusermount3 (fuse3)"),
-]
+pytestmark = needs_fuse
 
 pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
@@ -128,20 +125,6 @@ def _print_timings():
     for name, value in TIMINGS.items():
         print(f"\n  {name}: {value:.2f}" if isinstance(value, float) else f"\n  {name}: {value}", end="")
     print()
-
-
-@pytest.fixture
-def mounter():
-    m = Mounter()
-    yield m
-    m.cleanup()
-
-
-@pytest.fixture(scope="module")
-def module_mounter():
-    m = Mounter()
-    yield m
-    m.cleanup()
 
 
 # ------------------------------------------------------------------- shards

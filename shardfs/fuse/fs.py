@@ -579,7 +579,7 @@ class ShardFS(pyfuse3.Operations):
 
             time_ns = _ns(member.shard.mtime)
             for slot_, key, _, size in member.shard.scan(first, READDIR_BATCH, on_corrupt=corrupt):
-                if member.number and self.shards.find(key, below=member.number) is not None:
+                if member.number and self.shards.find(key, below=member.number, count=False) is not None:
                     continue  # served by a lower-numbered shard
                 pos = (member.number << 32) | slot_
                 out.append((pos + 1, key.hex().encode("ascii"), object_inode(member.number, slot_),

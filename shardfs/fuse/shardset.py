@@ -278,8 +278,8 @@ class ShardSet:
         """Numbers of the served shards that may hold `key` (ascending)."""
         return self.filters.candidates(key)
 
-    def find(self, key: bytes, nowait: bool = False, below: Optional[int] = None
-             ) -> Optional[Tuple[MountedShard, int, int, int]]:
+    def find(self, key: bytes, nowait: bool = False, below: Optional[int] = None,
+             count: bool = True) -> Optional[Tuple[MountedShard, int, int, int]]:
         """The first served shard holding `key`, as (shard, slot,
         data_offset, size), or None.
 
@@ -287,7 +287,9 @@ class ShardSet:
         order; `below` limits the search to numbers under it (to decide
         whether an entry is a duplicate). With `nowait`, raises
         BlockingIOError when a probe would wait for the device. Raises
-        CorruptShardError when a probed slot is corrupt.
+        CorruptShardError when a probed slot is corrupt. `count`: add the
+        call to `lookups` and `probes` (False for the duplicate checks of a
+        listing, which are not lookups).
         """
         probes = 0
         try:
@@ -306,7 +308,7 @@ class ShardSet:
                     return (member, found[0], found[1], found[2])
             return None
         finally:
-            if not (nowait and sys.exc_info()[0] is BlockingIOError):
+            if count and not (nowait and sys.exc_info()[0] is BlockingIOError):
                 # Counted once per answer: a page-cache-only attempt that
                 # must be retried in a thread is not a lookup of its own.
                 self.lookups += 1

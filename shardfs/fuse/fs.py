@@ -284,7 +284,7 @@ class ShardFS(pyfuse3.Operations):
                     self._rescan_wakeup = trio.Event()
                     await self._rescan_wakeup.wait()
                     await trio.sleep(0.2)  # let a burst of events settle
-                    self._rescan()
+                    await self._rescan()
         finally:
             if inotify is not None:
                 inotify.close()
@@ -300,14 +300,37 @@ class ShardFS(pyfuse3.Operations):
                 log.debug("shard directory events: %s", [(e.name, e.mask) for e in events])
                 self.request_rescan()
 
-    def _rescan(self) -> None:
+    async def _rescan(self) -> None:
+        """Follow the shard directory: removals at once, new shards opened
+        (validated, sidecar loaded) in a worker thread so that a slow device
+        does not stall requests, then served."""
         try:
-            added, removed = self.shards.rescan()
+            gone, new = self.shards.plan_rescan()
         except OSError as exc:
             log.warning("cannot rescan %s: %s", self.shards.shard_dir, exc)
             return
-        if added or removed:
-            log.info("rescan of %s: %d shard(s) added, %d removed", self.shards.shard_dir, added, removed)
+        for member in gone:
+            self.shards.remove(member)
+        added = 0
+        for path, seen in new:
+            if path in self.shards.by_path:
+                continue
+            try:
+                shard, sidecar = await self._io(self.shards.open_candidate, path)
+            except Exception as exc:
+                self.shards.reject(path, seen, exc)
+                continue
+            try:
+                self.shards.add(path, shard=shard, sidecar=sidecar)
+                added += 1
+            except OSError as exc:  # vanished meanwhile
+                shard.close()
+                if sidecar is not None:
+                    sidecar.close()
+                self.shards.reject(path, seen, exc)
+        if added or gone:
+            log.info("rescan of %s: %d shard(s) added, %d removed", self.shards.shard_dir, added,
+                     len(gone))
 
     # ------------------------------------------------------------ helpers
 

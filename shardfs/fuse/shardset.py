@@ -153,28 +153,39 @@ class ShardSet:
         """The shard numbered `number`, served or removed-but-open, or None."""
         return self.shards.get(number)
 
-    def add(self, path: str, shard: Optional[Shard] = None) -> MountedShard:
-        """Open and validate the shard at `path` and serve it.
+    def open_candidate(self, path: str) -> Tuple[Shard, object]:
+        """Open and validate the shard at `path` and load its sidecar from
+        the cache (None when missing or stale): the slow part of `add`,
+        which reads the shard's hash section. Changes nothing in the set,
+        so it may run in a worker thread. Raises what `shardfs.Shard`
+        raises (CorruptShardError, OSError, ShardError)."""
+        shard = Shard(path)
+        sidecar = None
+        try:
+            sidecar = sidecar_mod.load(shard, self.cache_dir)
+        except Exception as exc:  # a broken cache must never stop a mount
+            log.warning("%s: cannot load its sidecar: %s", path, exc)
+        return shard, sidecar
 
-        Its sidecar is loaded from the cache when present and current, else
-        `on_needs_sidecar` is called (the shard is probed unfiltered until
-        then). `shard`, when given, is the shard already open at `path`
-        (the set then owns it). Raises what `shardfs.Shard` raises (CorruptShardError,
-        OSError, ShardError).
+    def add(self, path: str, shard: Optional[Shard] = None, sidecar: object = None) -> MountedShard:
+        """Serve the shard at `path`.
+
+        `shard` (and its `sidecar`), when given, come from `open_candidate`
+        or the caller (the set then owns them); else `open_candidate(path)`
+        is called here. Without a current sidecar `on_needs_sidecar` is
+        called (the shard is probed unfiltered until it is built). Raises
+        what `open_candidate` raises.
         """
         st = os.stat(path)
         if shard is None:
-            shard = Shard(path)
+            shard, sidecar = self.open_candidate(path)
         number = self._next_number
         self._next_number += 1
         member = MountedShard(number, path, shard, _ident(st))
         self.shards[number] = member
         self.by_path[path] = member
         self.generation += 1
-        try:
-            member.sidecar = sidecar_mod.load(shard, self.cache_dir)
-        except Exception as exc:  # a broken cache must never stop a mount
-            log.warning("%s: cannot load its sidecar: %s", path, exc)
+        member.sidecar = sidecar
         self.filters.set(number, member.sidecar)
         if member.sidecar is not None:
             member.installed = True
@@ -316,31 +327,27 @@ class ShardSet:
 
     # --------------------------------------------------------- directory
 
-    def rescan(self) -> Tuple[int, int]:
-        """Bring the set in line with `shard_dir`; returns (added, removed).
-
-        New valid shards are added (in name order); a path that fails to
-        open (incomplete copy, not a shard) is logged once and retried when
-        its size or mtime changes; shards whose path vanished or now names
-        another file are removed. Raises OSError when the directory itself
-        cannot be read.
-        """
+    def plan_rescan(self) -> Tuple[List[MountedShard], List[Tuple[str, Tuple[int, int]]]]:
+        """Compare `shard_dir` with the set: (served shards whose path
+        vanished or now names another file, new paths to try with their
+        (size, mtime_ns)). A path that failed before is tried again only
+        once its size or mtime changed. Raises OSError when the directory
+        cannot be read."""
         if self.shard_dir is None:
-            return (0, 0)
+            return ([], [])
         paths = list_shard_dir(self.shard_dir)
         present = set(paths)
-        removed = 0
+        gone = []
         for member in list(self.by_path.values()):
-            gone = member.path not in present
-            if not gone:
+            vanished = member.path not in present
+            if not vanished:
                 try:
-                    gone = _ident(os.stat(member.path)) != member.ident
+                    vanished = _ident(os.stat(member.path)) != member.ident
                 except OSError:
-                    gone = True
-            if gone:
-                self.remove(member)
-                removed += 1
-        added = 0
+                    vanished = True
+            if vanished:
+                gone.append(member)
+        new = []
         for path in paths:
             if path in self.by_path:
                 continue
@@ -349,16 +356,35 @@ class ShardSet:
             except OSError:
                 continue
             seen = (st.st_size, st.st_mtime_ns)
-            if self._rejected.get(path) == seen:
-                continue
-            try:
-                self.add(path)
-                self._rejected.pop(path, None)
-                added += 1
-            except Exception as exc:
-                self._rejected[path] = seen
-                log.warning("%s: not served: %s", path, exc)
+            if self._rejected.get(path) != seen:
+                new.append((path, seen))
         for path in list(self._rejected):
             if path not in present:
                 del self._rejected[path]
-        return (added, removed)
+        return (gone, new)
+
+    def reject(self, path: str, seen: Tuple[int, int], exc: BaseException) -> None:
+        """Remember that `path` (as `seen`) is not a valid shard, and say so
+        once."""
+        self._rejected[path] = seen
+        log.warning("%s: not served: %s", path, exc)
+
+    def rescan(self) -> Tuple[int, int]:
+        """Bring the set in line with `shard_dir` (in this thread); returns
+        (added, removed). New valid shards are added in name order; a path
+        that fails to open (incomplete copy, not a shard) is logged once
+        and retried when it changes; shards whose path vanished or now
+        names another file are removed. Raises OSError when the directory
+        cannot be read. (The filesystem does the same with the opening in
+        a worker thread: `plan_rescan`, `open_candidate`, `add`.)"""
+        gone, new = self.plan_rescan()
+        for member in gone:
+            self.remove(member)
+        added = 0
+        for path, seen in new:
+            try:
+                self.add(path)
+                added += 1
+            except Exception as exc:
+                self.reject(path, seen, exc)
+        return (added, len(gone))

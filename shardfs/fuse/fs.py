@@ -81,6 +81,10 @@ PREFETCH_BYTES = 128 * 1024
 #: Directory entries fetched from the shards per worker-thread round trip.
 READDIR_BATCH = 1024
 
+#: A fan-out leaf of up to this many entries (summed over shards) is listed
+#: in the trio thread when its sidecars and index slots are in memory.
+INLINE_LISTING = 4096
+
 #: Objects whose location the filesystem remembers between a lookup and
 #: the open that follows (a bounded FIFO; anything else is resolved from
 #: the inode's slot).
@@ -638,19 +642,28 @@ class ShardFS(pyfuse3.Operations):
                         self._dir_time_ns))
         return out
 
-    def _leaf_entries(self, depth: int, prefix: int) -> List[_Entry]:
+    def _leaf_entries(self, depth: int, prefix: int, nowait: bool = False) -> List[_Entry]:
         """The objects of a fan-out leaf directory, by key (worker thread;
-        builds missing sidecars first)."""
+        builds missing sidecars first). With `nowait` (the trio thread),
+        raises BlockingIOError instead of doing anything that may wait: a
+        sidecar to build, an index slot not in the page cache, or more than
+        INLINE_LISTING entries."""
         hexprefix = self.layout.prefix_hex(depth, prefix)
         nbits = 4 * len(hexprefix)
         pbytes = _prefix_bytes(prefix, nbits)
         best: Dict[bytes, Tuple[MountedShard, int, int]] = {}
+        budget = INLINE_LISTING
         for member in self.shards.served():
+            if nowait and not member.installed:
+                raise BlockingIOError("sidecar not ready")
             sc = self.shards.ensure_sidecar(member)
             if sc is not None:
                 begin, end = sc.range(pbytes, nbits)
+                budget -= end - begin
+                if nowait and budget < 0:
+                    raise BlockingIOError("long listing")
                 # In slot order: index reads then go forward through the file.
-                items = ((s, member.shard.slot(s)) for s in sorted(sc.slots(begin, end)))
+                items = ((s, member.shard.slot(s, nowait)) for s in sorted(sc.slots(begin, end)))
             else:  # no sidecar: scan the whole index (slow, but right)
                 items = ((s, (k, o, z)) for s, k, o, z in member.shard.scan(0, 65536)
                          if k.hex().startswith(hexprefix))
@@ -675,7 +688,11 @@ class ShardFS(pyfuse3.Operations):
             if handle.depth < self.layout.depth:
                 handle.entries = await self._io(self._child_entries, handle.depth, handle.prefix)
             else:
-                handle.entries = await self._io(self._leaf_entries, handle.depth, handle.prefix)
+                try:
+                    # Most leaves are small and cached: no thread round trip.
+                    handle.entries = self._leaf_entries(handle.depth, handle.prefix, True)
+                except BlockingIOError:
+                    handle.entries = await self._io(self._leaf_entries, handle.depth, handle.prefix)
             self.shards.install_ready()  # the listing may have built sidecars
         return collections.deque(handle.entries[start_id:start_id + READDIR_BATCH])
 

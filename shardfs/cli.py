@@ -735,9 +735,12 @@ def _helper_argv(argv: List[str]) -> bool:
     mount(8) and mount.fuse3 run ``shardfs SOURCE MOUNTPOINT -o OPTIONS``
     for an fstab line of type ``fuse.shardfs``. That becomes ``shardfs
     mount [--shard-dir] SOURCE MOUNTPOINT -o OPTIONS``: a directory SOURCE
-    is a shard directory.
+    is a shard directory. Only when SOURCE exists and ``-o`` is given (the
+    helpers always pass options), so that a mistyped command is reported
+    as one instead of being taken for a mount.
     """
-    if len(argv) < 2 or argv[0].startswith("-") or argv[0] in COMMANDS:
+    if (len(argv) < 2 or argv[0].startswith("-") or argv[0] in COMMANDS
+            or "-o" not in argv or not os.path.exists(argv[0])):
         return False
     source = argv[0]
     argv[:1] = ["mount", "--shard-dir", source] if os.path.isdir(source) else ["mount", source]

@@ -657,3 +657,16 @@ def test_create_file_too_large_leaves_nothing(tmp_path, big):
     )
     assert_one_line_error(proc, 1)
     assert list(out.iterdir()) == []
+
+
+def test_mistyped_command_is_not_taken_for_a_mount(built, tmp_path):
+    """Only ``shardfs SOURCE MOUNTPOINT -o OPTIONS`` with an existing
+    SOURCE is the mount helper form; a typo is a usage error, and nothing
+    is mounted."""
+    shard, _ = built
+    for argv in (["crate", str(shard), str(tmp_path)], [str(shard), str(tmp_path)],
+                 ["/no/such/shard", str(tmp_path), "-o", "ro"]):
+        proc = run(*argv)
+        assert proc.returncode == cli.EXIT_USAGE, argv
+        assert b"invalid choice" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert not os.path.ismount(tmp_path)

@@ -12,7 +12,7 @@ APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
-C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c
+C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
@@ -103,7 +103,7 @@ SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py 
 	tests/test_interop.py tests/test_cli.py tests/test_fuse.py
 FUZZ_DIR ?= build/fuzz
 FUZZ_HARNESSES := shard sidecar
-FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c
+FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c shardfs/c/output.c
 FUZZ_DEPS := tests/fuzz/fuzz_common.h $(FUZZ_LIB_SOURCES) $(C_HEADERS)
 
 $(SAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)

@@ -22,7 +22,7 @@ libs = pkg_config("--libs", "cmph", ["-lcmph"])
 extension = Extension(
     "shardfs._shardfs",
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/writer.c",
-             "shardfs/c/sidecar.c", "shardfs/c/module.c"],
+             "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/module.c"],
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
              "shardfs/c/internal.h", "shardfs/c/chd.h"],
     include_dirs=["shardfs/c"] + [f[2:] for f in cflags],

@@ -16,7 +16,7 @@
  * [0, p+32), only entries sharing their fingerprint need more: the key's
  * bits up to 64, read again from the index. The result is the order of a
  * sort by (top 64 bits, slot). The file is written unnamed (O_TMPFILE) and
- * linked into place when complete (see create_output and publish).
+ * linked into place when complete (output.c).
  *
  * Queries read the mapping directly. Only the header is checked at open;
  * every directory value is clamped to [0, n] before use, so a damaged
@@ -406,134 +406,6 @@ static int put(int fd, const void *buf, size_t len, uint64_t *offset)
     return 0;
 }
 
-/* "<dir>/.<name>.tmp-XXXXXX" for `path` (malloc'ed), or NULL. */
-static char *temp_name(const char *path)
-{
-    char *copy = strdup(path), *base_copy = strdup(path);
-    size_t len = strlen(path) + 32;
-    char *out = malloc(len);
-    if (copy && base_copy && out) {
-        snprintf(out, len, "%s/.%s.tmp-XXXXXX", dirname(copy), basename(base_copy));
-    } else {
-        free(out);
-        out = NULL;
-    }
-    free(copy);
-    free(base_copy);
-    return out;
-}
-
-/* The output file, empty: unnamed (O_TMPFILE, mode 0600) in the directory
- * of `path`, so that a build killed at any point leaves nothing behind;
- * where the file system lacks O_TMPFILE, a named .<name>.tmp-XXXXXX
- * (mkostemp, mode 0600) in *tmp_path, removed on error. */
-static int create_output(const char *path, int *fd, char **tmp_path, sfs_error_t *err)
-{
-    *tmp_path = NULL;
-#ifdef O_TMPFILE
-    char *copy = strdup(path);
-    if (!copy)
-        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
-    *fd = open(dirname(copy), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-    free(copy);
-    if (*fd >= 0)
-        return SFS_OK;
-    /* Not supported here (EOPNOTSUPP, EISDIR on old kernels...): a named
-     * file; real errors (ENOENT, EACCES...) are reported by mkostemp. */
-#endif
-    *tmp_path = temp_name(path);
-    if (!*tmp_path)
-        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
-    *fd = mkostemp(*tmp_path, O_CLOEXEC);
-    if (*fd < 0) {
-        int e = errno;
-        free(*tmp_path);
-        *tmp_path = NULL;
-        return sfs_fail(err, SFS_EIO, e, "%s: creating a temporary file in its directory: %s",
-                        path, strerror(e));
-    }
-    return SFS_OK;
-}
-
-/* Give the unnamed file open on fd the name `name`: linkat of
- * /proc/self/fd/N (AT_SYMLINK_FOLLOW), else of the descriptor itself
- * (AT_EMPTY_PATH: needs CAP_DAC_READ_SEARCH, but no /proc). Never replaces
- * a file: EEXIST. 0, or -1 with errno. */
-static int link_unnamed(int fd, const char *name)
-{
-    char proc[64];
-    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-    if (linkat(AT_FDCWD, proc, AT_FDCWD, name, AT_SYMLINK_FOLLOW) == 0)
-        return 0;
-    int e = errno;
-    if (e == EEXIST)
-        return -1;
-    if (linkat(fd, "", AT_FDCWD, name, AT_EMPTY_PATH) == 0)
-        return 0;
-    if (e == ENOENT || errno == EEXIST) /* no /proc: the second answer counts */
-        e = errno;
-    errno = e;
-    return -1;
-}
-
-/* Publish the complete, synced output at `path`: an unnamed file is linked
- * at `path` directly when nothing is there, else linked under a temporary
- * name (in *tmp_path, mktemp-style) and renamed over `path`, as a named
- * temporary file is. 0, or -1 with errno (a temporary name left in
- * *tmp_path is the caller's to remove). */
-static int publish(int fd, char **tmp_path, const char *path)
-{
-    if (!*tmp_path) {
-        if (link_unnamed(fd, path) == 0)
-            return 0;
-        if (errno != EEXIST)
-            return -1;
-        static const char digits[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-        for (int attempt = 0; !*tmp_path; attempt++) {
-            char *name = temp_name(path);
-            if (!name) {
-                errno = ENOMEM;
-                return -1;
-            }
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t r = (uint64_t)ts.tv_nsec * 1000003u ^ (uint64_t)ts.tv_sec ^
-                         (uint64_t)getpid() << 20 ^ (uint64_t)attempt * 7919u;
-            char *x = name + strlen(name) - 6;
-            for (int i = 0; i < 6; i++, r /= 36)
-                x[i] = digits[r % 36];
-            if (link_unnamed(fd, name) == 0) {
-                *tmp_path = name;
-                break;
-            }
-            int e = errno;
-            free(name);
-            if (e != EEXIST || attempt == 99) {
-                errno = e;
-                return -1;
-            }
-        }
-    }
-    if (rename(*tmp_path, path) < 0)
-        return -1;
-    free(*tmp_path);
-    *tmp_path = NULL;
-    return 0;
-}
-
-static void sync_directory(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy)
-        return;
-    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    free(copy);
-}
-
 /* Header, directory (host order in dir: converted in place), fingerprints
  * and slots of the sorted entries, through buf (WRITE_ENTRIES u32). */
 static int write_sidecar(int fd, const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE], unsigned p,
@@ -576,7 +448,7 @@ int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
     int fd = -1, rc;
 
     /* The output first: an unwritable directory fails before the scans. */
-    if ((rc = create_output(path, &fd, &tmp_path, err)) != SFS_OK)
+    if ((rc = sfs_output_create(path, 0600, &fd, &tmp_path, err)) != SFS_OK)
         goto done;
     if ((rc = index_open(&ix, shard, err)) != SFS_OK)
         goto done;
@@ -641,12 +513,12 @@ int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
         rc = sfs_fail(err, SFS_EIO, errno, "%s: writing the sidecar: %s", path, strerror(errno));
         goto done;
     }
-    if (publish(fd, &tmp_path, path) < 0) {
+    if (sfs_output_publish(fd, &tmp_path, path) < 0) {
         rc = sfs_fail(err, SFS_EIO, errno, "%s: putting the sidecar in place: %s", path,
                       strerror(errno));
         goto done;
     }
-    sync_directory(path);
+    sfs_sync_directory(path);
     rc = SFS_OK;
     goto done;
 nomem:

@@ -9,11 +9,9 @@
  * appended, the header is written at byte 0, the file is fdatasync'ed and
  * renamed over the target, and the directory is fsync'ed.
  *
- * The temporary file is unnamed (O_TMPFILE) where the filesystem allows it:
- * a process killed mid-build (kill -9, power loss) leaves nothing behind,
- * the kernel frees the blocks. At finish it gets a name (.<name>.tmp-*,
- * linkat of /proc/self/fd) and is renamed over the target. Elsewhere it is
- * a named .<name>.tmp-XXXXXX from the start (mkostemp), removed on error.
+ * The file is created and published by output.c: unnamed (O_TMPFILE) where
+ * the file system allows it, so a process killed mid-build leaves nothing
+ * behind; linked or renamed over the target only once complete.
  */
 #define _GNU_SOURCE
 #include "chd.h"
@@ -23,7 +21,6 @@
 #include <cmph.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,9 +40,8 @@ typedef struct entry {
 
 struct sfs_writer {
     char *path;      /* target */
-    char *tmp_path;  /* named temporary file (mkostemp fallback), else NULL */
+    char *tmp_path;  /* the file's temporary name, NULL while unnamed (output.c) */
     int regular;     /* writing a new file (else a block device, in place) */
-    int anonymous;   /* the file is O_TMPFILE: named only at finish */
     int fd;
     uint64_t flushed; /* bytes [0, flushed) are in the file */
     uint8_t *buf;     /* bytes [flushed, flushed + buf_len) */
@@ -154,61 +150,6 @@ static void rollback(sfs_writer_t *w, uint64_t start)
     }
 }
 
-/* "<dir>/.<name>.tmp-XXXXXX" for `path` (malloc'ed), or NULL. */
-static char *temp_name(const char *path)
-{
-    char *copy = strdup(path);
-    char *base_copy = strdup(path);
-    size_t n = strlen(path) + 32;
-    char *out = malloc(n);
-    if (copy && base_copy && out)
-        snprintf(out, n, "%s/.%s.tmp-XXXXXX", dirname(copy), basename(base_copy));
-    else {
-        free(out);
-        out = NULL;
-    }
-    free(copy);
-    free(base_copy);
-    return out;
-}
-
-/* Give the unnamed (O_TMPFILE) file a temporary name beside the target,
- * to be renamed over it: linkat cannot replace an existing file. */
-static int name_anonymous(sfs_writer_t *w, sfs_error_t *err)
-{
-    char proc[64];
-    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", w->fd);
-    for (int attempt = 0; attempt < 100; attempt++) {
-        char *name = temp_name(w->path);
-        if (!name)
-            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
-        /* mktemp-style suffix: the name is only used by linkat, which fails
-         * with EEXIST rather than replace anything. */
-        static const char digits[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t r = (uint64_t)ts.tv_nsec * 1000003u ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 20) ^
-                     (uint64_t)attempt * 7919u;
-        char *x = name + strlen(name) - 6;
-        for (int i = 0; i < 6; i++, r /= 36)
-            x[i] = digits[r % 36];
-        if (linkat(AT_FDCWD, proc, AT_FDCWD, name, AT_SYMLINK_FOLLOW) == 0 ||
-            linkat(w->fd, "", AT_FDCWD, name, AT_EMPTY_PATH) == 0) {
-            w->tmp_path = name;
-            w->anonymous = 0;
-            return SFS_OK;
-        }
-        int e = errno;
-        free(name);
-        if (e != EEXIST) {
-            errno = e;
-            return io_fail(w, err, "naming the temporary file");
-        }
-    }
-    errno = EEXIST;
-    return io_fail(w, err, "naming the temporary file");
-}
-
 int sfs_writer_open(const char *path, sfs_writer_t **out, sfs_error_t *err)
 {
     *out = NULL;
@@ -232,50 +173,12 @@ int sfs_writer_open(const char *path, sfs_writer_t **out, sfs_error_t *err)
         }
     } else {
         w->regular = 1;
-        char *copy = strdup(path);
-        if (!copy) {
-            sfs_writer_abort(w);
-            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
-        }
-#ifdef O_TMPFILE
         mode_t um = umask(0);
         umask(um);
-        w->fd = open(dirname(copy), O_TMPFILE | O_RDWR | O_CLOEXEC, 0666 & ~um);
-        free(copy);
-        if (w->fd >= 0) {
-            w->anonymous = 1;
-            w->flushed = SFS_OBJECTS_POSITION;
-            *out = w;
-            return SFS_OK;
-        }
-        /* Not supported here (EOPNOTSUPP, EISDIR on old kernels...): a
-         * named temporary file; real errors (ENOENT...) are reported by
-         * mkostemp below. */
-        copy = strdup(path);
-        if (!copy) {
-            sfs_writer_abort(w);
-            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
-        }
-#endif
-        w->tmp_path = temp_name(path);
-        free(copy);
-        if (!w->tmp_path) {
-            sfs_writer_abort(w);
-            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
-        }
-        w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
-        if (w->fd < 0) {
-            int rc = sfs_fail(err, SFS_EIO, errno, "%s: creating a temporary file in its "
-                              "directory: %s", path, strerror(errno));
-            free(w->tmp_path);
-            w->tmp_path = NULL;
+        int rc = sfs_output_create(path, 0666 & ~um, &w->fd, &w->tmp_path, err);
+        if (rc != SFS_OK) {
             sfs_writer_abort(w);
             return rc;
-        }
-        mode_t mask = umask(0);
-        umask(mask);
-        if (fchmod(w->fd, 0666 & ~mask) < 0) {
-            /* keep mkstemp's 0600 */
         }
     }
     w->flushed = SFS_OBJECTS_POSITION;
@@ -578,24 +481,11 @@ int sfs_writer_finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *er
         stats = &local;
     double t = now();
     int rc = finish(w, stats, err);
-    if (rc == SFS_OK && w->anonymous)
-        rc = name_anonymous(w, err);
-    if (rc == SFS_OK && w->tmp_path) {
-        if (rename(w->tmp_path, w->path) < 0) {
-            rc = io_fail(w, err, "renaming into place");
-        } else {
-            char *copy = strdup(w->path);
-            if (copy) {
-                int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                if (dfd >= 0) {
-                    fsync(dfd);
-                    close(dfd);
-                }
-                free(copy);
-            }
-            free(w->tmp_path);
-            w->tmp_path = NULL;
-        }
+    if (rc == SFS_OK && w->regular) {
+        if (sfs_output_publish(w->fd, &w->tmp_path, w->path) < 0)
+            rc = io_fail(w, err, "publishing");
+        else
+            sfs_sync_directory(w->path);
     }
     if (rc == SFS_OK)
         stats->sync_seconds = now() - t - stats->hash_seconds - stats->index_seconds;

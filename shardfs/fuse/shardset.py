@@ -30,7 +30,6 @@ import errno
 import logging
 import os
 import stat
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -134,8 +133,6 @@ class ShardSet:
         #: Called with a MountedShard whose sidecar must be built (the
         #: filesystem schedules it in a worker thread).
         self.on_needs_sidecar: Optional[Callable[[MountedShard], None]] = None
-        #: Bumped on every add or removal.
-        self.generation = 0
         #: Worker threads running that may touch any shard (kept by the
         #: filesystem); removed shards are closed only when it is 0.
         self.workers = 0
@@ -184,7 +181,6 @@ class ShardSet:
         member = MountedShard(number, path, shard, _ident(st))
         self.shards[number] = member
         self.by_path[path] = member
-        self.generation += 1
         member.sidecar = sidecar
         self.filters.set(number, member.sidecar)
         if member.sidecar is not None:
@@ -205,7 +201,6 @@ class ShardSet:
         self.filters.remove(member.number)
         if self.by_path.get(member.path) is member:
             del self.by_path[member.path]
-        self.generation += 1
         log.info("shard %s (number %d) removed", member.path, member.number)
         self.close_if_idle(member)
 
@@ -303,27 +298,27 @@ class ShardSet:
         listing, which are not lookups).
         """
         probes = 0
-        try:
-            for number in self.filters.candidates(key):
-                if below is not None and number >= below:
-                    break
-                member = self.shards.get(number)
-                if member is None or member.removed:
-                    continue
-                probes += 1
-                try:
-                    found = member.shard.find(key, nowait=nowait)
-                except ValueError:  # closed under us: it was removed
-                    continue
-                if found is not None:
-                    return (member, found[0], found[1], found[2])
-            return None
-        finally:
-            if count and not (nowait and sys.exc_info()[0] is BlockingIOError):
-                # Counted once per answer: a page-cache-only attempt that
-                # must be retried in a thread is not a lookup of its own.
-                self.lookups += 1
-                self.probes += probes
+        answer = None
+        for number in self.filters.candidates(key):
+            if below is not None and number >= below:
+                break
+            member = self.shards.get(number)
+            if member is None or member.removed:
+                continue
+            probes += 1
+            try:
+                found = member.shard.find(key, nowait=nowait)
+            except ValueError:  # closed under us: it was removed
+                continue
+            if found is not None:
+                answer = (member, found[0], found[1], found[2])
+                break
+        # Counted once per answer: an exception (a page-cache-only attempt
+        # retried in a thread, a corrupt slot) is not a lookup of its own.
+        if count:
+            self.lookups += 1
+            self.probes += probes
+        return answer
 
     # --------------------------------------------------------- directory
 

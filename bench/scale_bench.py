@@ -7,7 +7,7 @@ Three questions, each printed as a table and as goal lines (PASS / MISS):
    shard. For each setup:
 
    * Python level: a `shardfs.fuse.shardset.ShardSet` with every shard added
-     and every sidecar built (``ensure_sidecar`` + ``install_sidecar``);
+     and every sidecar built (``ShardSet.build_sidecar``);
      ``ShardSet.find`` of random present keys and of random absent keys
      (random 32 bytes), one thread; lookups per second, and index reads per
      lookup (``ShardSet.probes / ShardSet.lookups``). For the 1,000 shards
@@ -376,8 +376,7 @@ def python_level(name: str, paths: Sequence[str], present: List[bytes], absent: 
             measure("absent", absent[:unfiltered], "no")
         t = time.perf_counter()
         for m in ss.served():
-            ss.ensure_sidecar(m)
-            ss.install_sidecar(m)
+            ss.build_sidecar(m)
         t_build = time.perf_counter() - t
         ready = sum(1 for m in ss.served() if m.sidecar is not None)
         sc_bytes, sc_files = dir_bytes(cache_dir)

@@ -87,6 +87,13 @@ class Shard:
         """Unmap and close the file. Further use raises ValueError."""
         self._reader.close()
 
+    def fileno(self) -> int:
+        """The file descriptor the shard is read through (close-on-exec).
+        Another process can reopen the very same file as
+        ``/proc/<pid>/fd/<fileno>``, even once it was renamed over or
+        unlinked. Raises ValueError when the shard is closed."""
+        return self._reader.fileno()
+
     @property
     def closed(self) -> bool:
         """True once `close()` was called."""

@@ -152,6 +152,13 @@ static PyObject *Reader_hash_size(Reader *self, void *closure)
     return PyLong_FromUnsignedLongLong(sfs_hash_size(self->shard));
 }
 
+static PyObject *Reader_fileno(Reader *self, PyObject *unused)
+{
+    if (!reader_ready(self))
+        return NULL;
+    return PyLong_FromLong(sfs_fd(self->shard));
+}
+
 static PyObject *Reader_closed(Reader *self, void *closure)
 {
     return PyBool_FromLong(self->shard == NULL);
@@ -543,6 +550,8 @@ static PyObject *Reader_delete(Reader *self, PyObject *arg)
 
 static PyMethodDef Reader_methods[] = {
     {"close", (PyCFunction)Reader_close, METH_NOARGS, "Unmap and close the shard."},
+    {"fileno", (PyCFunction)Reader_fileno, METH_NOARGS,
+     "fileno() -> the descriptor of the shard's file (ValueError when closed)."},
     {"locate", (PyCFunction)Reader_locate, METH_O,
      "locate(key32) -> (data_offset, size) in bytes, or None when absent."},
     {"read", (PyCFunction)Reader_read, METH_O, "read(key32) -> bytes, or None when absent."},

@@ -273,6 +273,7 @@ void sfs_close(sfs_shard_t *s)
 
 const sfs_header_t *sfs_header(const sfs_shard_t *s) { return &s->header; }
 const char *sfs_path(const sfs_shard_t *s) { return s->path; }
+int sfs_fd(const sfs_shard_t *s) { return s->fd; }
 uint64_t sfs_slot_count(const sfs_shard_t *s) { return s->slots; }
 uint64_t sfs_extent(const sfs_shard_t *s) { return s->extent; }
 uint64_t sfs_hash_size(const sfs_shard_t *s) { return s->chd.dump_size; }

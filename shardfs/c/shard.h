@@ -94,6 +94,10 @@ void sfs_close(sfs_shard_t *shard);
 
 const sfs_header_t *sfs_header(const sfs_shard_t *shard);
 const char *sfs_path(const sfs_shard_t *shard);
+/* The file descriptor the shard was opened with (O_CLOEXEC), valid until
+ * sfs_close(). Another process may reopen the very same file through
+ * /proc/<pid>/fd/<fd> even after it was renamed over or unlinked. */
+int sfs_fd(const sfs_shard_t *shard);
 uint64_t sfs_slot_count(const sfs_shard_t *shard); /* index_size / 40 */
 uint64_t sfs_extent(const sfs_shard_t *shard);     /* bytes: end of the hash section */
 uint64_t sfs_hash_size(const sfs_shard_t *shard);  /* bytes of the cmph dump */

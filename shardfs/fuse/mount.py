@@ -179,8 +179,9 @@ def check_mountpoint(mountpoint: str) -> str:
 
 
 #: ``-o`` options shardfs reads itself (never given to libfuse):
-#: owner of every file, layout, slicing, sidecar cache directory.
-OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir")
+#: owner of every file, layout, slicing, sidecar cache directory, number
+#: of worker processes.
+OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers")
 
 #: Options mount(8) and mount.fuse3 pass by default (``rw,dev,suid`` for
 #: an fstab line with ``defaults``), accepted and ignored when shardfs runs
@@ -221,9 +222,14 @@ def build_options(shard_paths: Sequence[str], user_options: Optional[Iterable[st
                 own[key] = value
                 continue
             extra.append(opt)
-    for key in ("uid", "gid"):
+    for key in ("uid", "gid", "workers"):
         if key in own and not own[key].isdigit():
             raise _shard_error(f"mount option {key}={own[key]}: expected a number")
+    if "workers" in own:
+        from shardfs.fuse.shared import MAX_WORKERS
+
+        if not 1 <= int(own["workers"]) <= MAX_WORKERS:
+            raise _shard_error(f"mount option workers={own['workers']}: expected 1 to {MAX_WORKERS}")
     name = os.path.basename(os.path.abspath(shard_paths[0])) if shard_paths else "shard"
     # libfuse splits options on commas and wants ASCII: keep the name tame.
     name = re.sub(r"[^A-Za-z0-9._+-]", "_", name) or "shard"
@@ -285,6 +291,7 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
     if not shard_paths and shard_dir is None:
         raise _shard_error("no shard to mount")
     shards = ShardSet(cache_dir=cache_dir, shard_dir=shard_dir)
+    shards.pinned = list(dict.fromkeys(shard_paths))
     try:
         for p in shard_paths:
             if p in shards.by_path:
@@ -292,7 +299,7 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
             shards.add(p)
         if shard_dir is not None:
             try:
-                shards.rescan()
+                shards.rescan()  # the directory's shards
             except OSError as exc:
                 raise _shard_error(f"shard directory {shard_dir}: {exc.strerror or exc}") from None
     except BaseException:
@@ -329,116 +336,38 @@ def serve(
     gid: Optional[int] = None,
     ready_fd: Optional[int] = None,
     on_ready: Optional[Callable[[], None]] = None,
+    workers: Optional[int] = None,
 ) -> int:
-    """Mount the shard set on `mountpoint` and serve until unmounted or signalled.
+    """Mount the shard set on `mountpoint` and serve until unmounted or
+    signalled, with `workers` worker processes (default:
+    `shardfs.fuse.coordinator.default_workers()`); see
+    `shardfs.fuse.coordinator`.
 
-    SIGINT and SIGTERM end the main loop gracefully (a second one cancels
-    requests still running); SIGHUP rescans the shard directory when there
-    is one, else (in the foreground: the terminal went away) ends it too.
-    The filesystem is unmounted on the way out whatever happens. When
-    `ready_fd` is given, "ok\\n" is written to it once the mount answers a
-    stat, or "error: <message>\\n" if mounting failed, and it is closed;
-    `on_ready` is called just before "ok" is written. Returns the exit
-    status (0 = clean unmount).
+    SIGINT and SIGTERM unmount and end every process; SIGHUP rescans the
+    shards (and checks them for takedowns), or ends the mount when there is
+    nothing to follow and SIGHUP is not ignored (a terminal that went
+    away). The filesystem is unmounted on the way out whatever happens.
+    When `ready_fd` is given, "ok\\n" is written to it once the mount
+    answers a stat, or "error: <message>\\n" if mounting failed, and it is
+    closed; `on_ready` is called before the workers start. Returns the exit
+    status (0 = clean unmount). Raises ShardError when libfuse refuses.
     """
-    import pyfuse3
-    import trio
+    from shardfs.fuse.coordinator import Coordinator, default_workers
+    from shardfs.fuse.handlers import ShardFS
 
-    from shardfs.fuse.fs import ShardFS
-
-    fs = ShardFS(shards, layout=layout, uid=uid, gid=gid, live=shards.shard_dir is not None)
-    try:
-        pyfuse3.init(fs, mountpoint, set(options))
-    except RuntimeError as exc:
-        fs.close()
-        message = f"cannot mount on {mountpoint}: libfuse refused ({exc}); check the -o options"
-        _report(ready_fd, "error: " + message)
-        raise _shard_error(message) from None
-
+    fs = ShardFS(shards, layout=layout, uid=uid, gid=gid)
     what = shards.shard_dir or ", ".join(m.path for m in shards.served())
-    log.info("mounted %s on %s (%d shard(s), layout %s, options %s)", what, mountpoint, len(shards),
+    log.info("mounting %s on %s (%d shard(s), layout %s, options %s)", what, mountpoint, len(shards),
              fs.layout.describe(), ",".join(options))
-    status = 0
+    coordinator = Coordinator(fs, mountpoint, options, workers or default_workers(),
+                              report=lambda message: _report(ready_fd, message), on_ready=on_ready)
     try:
-        trio.run(_main, fs, mountpoint, ready_fd, on_ready)
+        status = coordinator.serve()
     except (KeyboardInterrupt, SystemExit):
         _report(ready_fd, "error: interrupted")
-        raise  # after the unmount below
-    except Exception as exc:
-        log.exception("filesystem main loop failed")
-        _report(ready_fd, f"error: filesystem main loop failed: {exc}")
-        status = 1
-    finally:
-        try:
-            pyfuse3.close(unmount=True)
-        except Exception:  # pragma: no cover - close() only logs in practice
-            log.exception("pyfuse3.close failed")
-        fs.close()
+        raise
     log.info("unmounted %s", mountpoint)
     return status
-
-
-async def _main(fs: "ShardFS", mountpoint: str, ready_fd: Optional[int],
-                on_ready: Optional[Callable[[], None]]) -> None:
-    import pyfuse3
-    import trio
-
-    follows_dir = fs.shards.shard_dir is not None
-
-    async with trio.open_nursery() as nursery:
-
-        async def run_fuse() -> None:
-            await pyfuse3.main()
-            # The loop ended (pyfuse3.terminate() or an external unmount):
-            # stop the signal watcher, the readiness probe and the
-            # filesystem's background tasks too.
-            nursery.cancel_scope.cancel()
-
-        async def watch_signals() -> None:
-            signums = [signal.SIGINT, signal.SIGTERM]
-            if follows_dir or signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-                signums.append(signal.SIGHUP)
-            with trio.open_signal_receiver(*signums) as signals:
-                count = 0
-                async for signum in signals:
-                    if signum == signal.SIGHUP and follows_dir:
-                        log.info("got SIGHUP: rescanning %s", fs.shards.shard_dir)
-                        fs.request_rescan()
-                        continue
-                    count += 1
-                    if count == 1:
-                        log.info("got signal %d: unmounting", signum)
-                        pyfuse3.terminate()
-                    else:
-                        log.info("got signal %d again: cancelling running requests", signum)
-                        nursery.cancel_scope.cancel()
-
-        async def announce_ready() -> None:
-            try:
-                # Answered by our own main loop: proves the mount works.
-                await _to_thread_abandonable(os.stat, mountpoint)
-            except OSError as exc:
-                _report(ready_fd, f"error: the new mount does not answer: {exc}")
-                pyfuse3.terminate()
-                return
-            if on_ready is not None:
-                on_ready()
-            _report(ready_fd, "ok")
-            log.info("serving %s", mountpoint)
-
-        nursery.start_soon(run_fuse)
-        nursery.start_soon(watch_signals)
-        nursery.start_soon(announce_ready)
-        nursery.start_soon(fs.run_background)
-
-
-async def _to_thread_abandonable(fn: Callable[..., object], *args: object) -> object:
-    import trio
-
-    try:
-        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-    except TypeError:  # trio < 0.23 called it "cancellable"
-        return await trio.to_thread.run_sync(fn, *args, cancellable=True)
 
 
 def _report(ready_fd: Optional[int], message: str) -> None:
@@ -472,6 +401,7 @@ def mount(
     slicing: Optional[str] = None,
     cache_dir: Optional[str] = None,
     helper: bool = False,
+    workers: Optional[int] = None,
 ) -> int:
     """Mount shards read-only on `mountpoint`; return an exit status.
 
@@ -481,7 +411,8 @@ def mount(
     (default "0:2/2:4"); `cache_dir` holds the sidecars (default
     `shardfs.sidecar.default_cache_dir()`). The same settings may come as
     ``-o layout=,slicing=,cache_dir=``, and ``-o uid=,gid=`` set the owner
-    of every file; arguments win over ``-o``. `helper`: run by mount.fuse3
+    of every file, ``-o workers=N`` the number of worker processes (1 to
+    64; default: the CPUs, at least 2); arguments win over ``-o``. `helper`: run by mount.fuse3
     (see `build_options`).
 
     Checked before anything is mounted: the options, the mount point
@@ -507,6 +438,7 @@ def mount(
     layout = layout or own.get("layout") or "auto"
     slicing = slicing or own.get("slicing")
     cache_dir = os.path.abspath(cache_dir or own.get("cache_dir") or _default_cache_dir())
+    workers = workers or (int(own["workers"]) if "workers" in own else None)
     uid = int(own["uid"]) if "uid" in own else None
     gid = int(own["gid"]) if "gid" in own else None
     if layout not in ("auto", "flat", "fanout"):
@@ -521,11 +453,11 @@ def mount(
     mp = check_mountpoint(mountpoint)
     if not foreground:
         return _spawn_daemon(shard_paths, mp, opts, debug, log_file, shard_dir=shard_dir, layout=layout,
-                             slicing=slicing, cache_dir=cache_dir, uid=uid, gid=gid)
+                             slicing=slicing, cache_dir=cache_dir, uid=uid, gid=gid, workers=workers)
     setup_logging(debug, log_file)
     shards = open_shard_set(shard_paths, shard_dir, cache_dir)
     try:
-        return serve(shards, mp, opts, choose_layout(layout, slicing, shards), uid, gid)
+        return serve(shards, mp, opts, choose_layout(layout, slicing, shards), uid, gid, workers=workers)
     finally:
         shards.close()
 
@@ -639,6 +571,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cache-dir")
     parser.add_argument("--uid", type=int)
     parser.add_argument("--gid", type=int)
+    parser.add_argument("--workers", type=int)
     parser.add_argument("--debug", action="store_true")
     parser.add_argument("--log-file")
     parser.add_argument("shards", nargs="*")
@@ -672,6 +605,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
                 gid=args.gid,
                 ready_fd=ready_fd,
                 on_ready=lambda: _detach_stderr(args.log_file),
+                workers=args.workers,
             )
         except Exception as exc:
             _report(ready_fd, f"error: {exc}")

@@ -4,7 +4,7 @@ A mount serves one tree over many shards. Each shard gets a *number*, unique
 for the life of the mount and never reused: shards given on the command line
 are numbered in the order given, a ``--shard-dir`` is scanned in name order,
 and shards that appear later get the next numbers. The number is the high
-half of every inode of the shard's objects (`shardfs.fuse.fs`), and decides
+half of every inode of the shard's objects (`shardfs.fuse.handlers`), and decides
 which copy wins when a key is in several shards: the lowest number (the same
 key always names the same bytes, so any copy is right; one must be chosen so
 that a key has one inode and is listed once).
@@ -18,10 +18,11 @@ sidecar is not built yet is always a candidate (probed directly) until the
 background build finishes, so a mount answers at once however many shards
 lack a sidecar.
 
-Thread safety: the set is changed only by the trio thread. Worker threads
-may probe it; the filesystem counts them in `ShardSet.workers`, and a
-removed shard is closed only once it has no open file and no worker thread
-runs (`close_idle`).
+Processes: a mount's coordinator owns the authoritative set (it numbers the
+shards, follows the files, builds sidecars); each worker process keeps a
+copy that mirrors what the coordinator publishes (`shardfs.fuse.worker`),
+with the same numbers, so that an inode names the same object everywhere. A
+set is used by one thread at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import logging
 import os
 import stat
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -43,7 +43,7 @@ log = logging.getLogger("shardfs.fuse")
 
 #: Errors of a sidecar build that come from the cache directory (then a
 #: private temporary directory is used instead).
-_CACHE_DIR_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
+CACHE_DIR_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
 
 
 @dataclass(eq=False)
@@ -52,7 +52,8 @@ class MountedShard:
 
     `path` is the path it was opened by (a file or a block device); `ident`
     the (st_dev, st_ino, st_rdev) seen when it was opened, to notice a file
-    replaced under the same name; `sidecar` its filter once loaded or built.
+    replaced under the same name; `sidecar` its filter once loaded or built,
+    from the directory `sidecar_dir`.
     """
 
     number: int
@@ -60,16 +61,13 @@ class MountedShard:
     shard: Shard
     ident: Tuple[int, int, int]
     sidecar: object = None
-    #: Files of this shard the kernel has open (open minus release).
-    open_files: int = 0
-    #: No longer served (gone from the shard directory); closed when idle.
+    sidecar_dir: Optional[str] = None
+    #: No longer served (gone from the shard directory, replaced): new
+    #: lookups and opens do not see it, files already open keep reading it
+    #: until the coordinator closes it (`ShardSet.discard`).
     removed: bool = False
-    #: Set once the sidecar is loaded, built, or its build failed.
-    sidecar_done: threading.Event = field(default_factory=threading.Event)
-    #: True once the sidecar is in the set's filters.
-    installed: bool = False
-    #: Held while the sidecar is being built (one build per shard).
-    build_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: A sidecar build was tried and failed: the shard stays unfiltered.
+    sidecar_failed: bool = False
     objects: int = 0
     extent: int = 0
 
@@ -120,6 +118,9 @@ class ShardSet:
         #: Served shards by path.
         self.by_path: Dict[str, MountedShard] = {}
         self.filters = SidecarSet()
+        #: Where new sidecars are built: `cache_dir`, or a private temporary
+        #: directory once the cache directory failed.
+        self.sidecar_dir = self.cache_dir
         self._next_number = 0
         self._tmp_cache: Optional[tempfile.TemporaryDirectory] = None
         #: Paths that failed to open, with the (size, mtime) seen, so that a
@@ -130,12 +131,13 @@ class ShardSet:
         self.probes = 0
         #: Lookups made by `find`.
         self.lookups = 0
-        #: Called with a MountedShard whose sidecar must be built (the
-        #: filesystem schedules it in a worker thread).
-        self.on_needs_sidecar: Optional[Callable[[MountedShard], None]] = None
-        #: Worker threads running that may touch any shard (kept by the
-        #: filesystem); removed shards are closed only when it is 0.
-        self.workers = 0
+        #: Changes with every change of what is served or filtered (listings
+        #: computed before are stale).
+        self.version = 0
+        #: Paths named at mount (served first, in this order).
+        self.pinned: List[str] = []
+        #: Numbers the set must not give out (see `add`).
+        self.reserved: Callable[[int], bool] = lambda number: False
 
     # ------------------------------------------------------------ members
 
@@ -164,62 +166,58 @@ class ShardSet:
             log.warning("%s: cannot load its sidecar: %s", path, exc)
         return shard, sidecar
 
-    def add(self, path: str, shard: Optional[Shard] = None, sidecar: object = None) -> MountedShard:
-        """Serve the shard at `path`.
+    def add(self, path: str, shard: Optional[Shard] = None, sidecar: object = None,
+            number: Optional[int] = None, sidecar_dir: Optional[str] = None) -> MountedShard:
+        """Serve the shard at `path`; returns its MountedShard.
 
-        `shard` (and its `sidecar`), when given, come from `open_candidate`
-        or the caller (the set then owns them); else `open_candidate(path)`
-        is called here. Without a current sidecar `on_needs_sidecar` is
-        called (the shard is probed unfiltered until it is built). Raises
-        what `open_candidate` raises.
+        `shard` (and its `sidecar`, loaded from `sidecar_dir`), when given,
+        come from `open_candidate` or the caller (the set then owns them);
+        else `open_candidate(path)` is called here. `number` is given by a
+        worker that mirrors the coordinator's numbering; else the next
+        number for which `reserved(number)` is False. A shard without a
+        sidecar is probed unfiltered until `set_sidecar`. Raises what
+        `open_candidate` raises, OSError when `path` cannot be stat'ed.
         """
-        st = os.stat(path)
         if shard is None:
             shard, sidecar = self.open_candidate(path)
-        number = self._next_number
-        self._next_number += 1
-        member = MountedShard(number, path, shard, _ident(st))
+            sidecar_dir = self.cache_dir if sidecar is not None else None
+        st = os.fstat(shard.fileno())
+        if number is None:
+            number = self._next_number
+            while self.reserved(number):
+                number += 1
+        self._next_number = max(self._next_number, number + 1)
+        member = MountedShard(number, path, shard, _ident(st), sidecar=sidecar,
+                              sidecar_dir=sidecar_dir if sidecar is not None else None)
         self.shards[number] = member
         self.by_path[path] = member
-        member.sidecar = sidecar
-        self.filters.set(number, member.sidecar)
-        if member.sidecar is not None:
-            member.installed = True
-            member.sidecar_done.set()
-        elif self.on_needs_sidecar is not None:
-            self.on_needs_sidecar(member)
+        self.filters.set(number, sidecar)
+        self.version += 1
         log.info("serving shard %s as number %d (%d objects%s)", path, number, member.objects,
-                 "" if member.sidecar is not None else ", sidecar pending")
+                 "" if sidecar is not None else ", sidecar pending")
         return member
 
     def remove(self, member: MountedShard) -> None:
-        """Stop serving `member`: lookups and listings no longer see it.
-        Its open files keep reading; it is closed once idle."""
+        """Stop serving `member`: lookups, listings and new opens no longer
+        see it. It stays open (files already open keep reading) until
+        `discard`."""
         if member.removed:
             return
         member.removed = True
+        self.version += 1
         self.filters.remove(member.number)
         if self.by_path.get(member.path) is member:
             del self.by_path[member.path]
         log.info("shard %s (number %d) removed", member.path, member.number)
-        self.close_if_idle(member)
 
-    def close_if_idle(self, member: MountedShard) -> None:
-        """Close a removed shard once no file is open and no worker thread
-        runs (trio thread)."""
-        if member.removed and member.open_files <= 0 and self.workers <= 0:
-            member.shard.close()
-            sc = member.sidecar
-            member.sidecar = None
-            if sc is not None:
-                sc.close()
-            self.shards.pop(member.number, None)
-
-    def close_idle(self) -> None:
-        """`close_if_idle` for every removed shard."""
-        for member in list(self.shards.values()):
-            if member.removed:
-                self.close_if_idle(member)
+    def discard(self, member: MountedShard) -> None:
+        """Close `member` and forget it (its number is never given again)."""
+        self.remove(member)
+        member.shard.close()
+        sc, member.sidecar = member.sidecar, None
+        if sc is not None:
+            sc.close()
+        self.shards.pop(member.number, None)
 
     def close(self) -> None:
         """Close every shard and sidecar (after the mount is gone)."""
@@ -235,54 +233,39 @@ class ShardSet:
 
     # ----------------------------------------------------------- sidecars
 
-    def ensure_sidecar(self, member: MountedShard) -> object:
-        """`member`'s sidecar, built first if it is missing; None if it
-        cannot be built (worker thread: reads the whole index).
+    def needs_sidecar(self) -> List[MountedShard]:
+        """Served shards without a sidecar whose build was not tried yet."""
+        return [m for m in self.served() if m.sidecar is None and not m.sidecar_failed]
 
-        One build per shard at a time; a failed build is not retried.
-        Falls back to a private temporary directory when the cache
-        directory cannot be written. Installing it in the filter set is
-        `install_sidecar`'s job (trio thread). Never raises: a failure is
-        logged and the shard stays unfiltered.
-        """
-        with member.build_lock:
-            if member.sidecar_done.is_set():
-                return member.sidecar
-            try:
-                try:
-                    member.sidecar = sidecar_mod.build(member.shard, self.cache_dir)
-                except OSError as exc:
-                    if exc.errno not in _CACHE_DIR_ERRNOS:
-                        raise  # the shard, not the cache directory
-                    if self._tmp_cache is None:
-                        log.warning("cannot write sidecars in %s (%s): using a temporary directory",
-                                    self.cache_dir, exc.strerror or exc)
-                        self._tmp_cache = tempfile.TemporaryDirectory(prefix="shardfs-sidecars-")
-                    member.sidecar = sidecar_mod.build(member.shard, self._tmp_cache.name)
-            except Exception as exc:
-                log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
-            finally:
-                member.sidecar_done.set()
-            return member.sidecar
+    def build_sidecar(self, member: MountedShard) -> None:
+        """Load or build `member`'s sidecar in `sidecar_dir`, in this
+        thread (reads the whole index), and filter with it. Raises OSError
+        or ShardError when it cannot be built."""
+        self.set_sidecar(member, sidecar_mod.load_or_build(member.shard, self.sidecar_dir), self.sidecar_dir)
 
-    def install_sidecar(self, member: MountedShard) -> None:
-        """Put a freshly built sidecar in the filter set (trio thread)."""
-        if not member.removed and member.sidecar is not None and not member.installed:
-            self.filters.set(member.number, member.sidecar)
-            member.installed = True
-            log.info("shard %s: sidecar ready (%d keys)", member.path, member.sidecar.count)
+    def use_private_sidecar_dir(self) -> str:
+        """Build sidecars in a temporary directory of this set (removed by
+        `close()`) from now on, the cache directory having failed; returns
+        it."""
+        if self._tmp_cache is None:
+            self._tmp_cache = tempfile.TemporaryDirectory(prefix="shardfs-sidecars-")
+            log.warning("cannot write sidecars in %s: using %s", self.cache_dir, self._tmp_cache.name)
+        self.sidecar_dir = self._tmp_cache.name
+        return self.sidecar_dir
 
-    def install_ready(self) -> None:
-        """`install_sidecar` for every served shard (after listings built
-        some in worker threads)."""
-        for member in self.served():
-            self.install_sidecar(member)
+    def set_sidecar(self, member: MountedShard, sidecar: object, directory: Optional[str]) -> None:
+        """Filter `member` with `sidecar` (loaded from `directory`) from now on."""
+        if member.removed or member.sidecar is not None:
+            if sidecar is not None:
+                sidecar.close()
+            return
+        member.sidecar = sidecar
+        member.sidecar_dir = directory
+        self.filters.set(member.number, sidecar)
+        self.version += 1
+        log.info("shard %s: sidecar ready (%d keys)", member.path, sidecar.count)
 
     # ------------------------------------------------------------- lookup
-
-    def candidates(self, key: bytes) -> List[int]:
-        """Numbers of the served shards that may hold `key` (ascending)."""
-        return self.filters.candidates(key)
 
     def find(self, key: bytes, nowait: bool = False, below: Optional[int] = None,
              count: bool = True) -> Optional[Tuple[MountedShard, int, int, int]]:
@@ -306,10 +289,7 @@ class ShardSet:
             if member is None or member.removed:
                 continue
             probes += 1
-            try:
-                found = member.shard.find(key, nowait=nowait)
-            except ValueError:  # closed under us: it was removed
-                continue
+            found = member.shard.find(key, nowait=nowait)
             if found is not None:
                 answer = (member, found[0], found[1], found[2])
                 break
@@ -323,38 +303,49 @@ class ShardSet:
     # --------------------------------------------------------- directory
 
     def plan_rescan(self) -> Tuple[List[MountedShard], List[Tuple[str, Tuple[int, int]]]]:
-        """Compare `shard_dir` with the set: (served shards whose path
-        vanished or now names another file, new paths to try with their
-        (size, mtime_ns)). A path that failed before is tried again only
-        once its size or mtime changed. Raises OSError when the directory
-        cannot be read."""
-        if self.shard_dir is None:
-            return ([], [])
-        paths = list_shard_dir(self.shard_dir)
-        present = set(paths)
-        gone = []
+        """Compare the files with the set: (served shards to remove, paths
+        to open with their (size, mtime_ns)).
+
+        A shard of `shard_dir` is removed when its path vanished or names
+        another file (renamed over, as ``shardfs create --force`` publishes
+        a shard); a shard named at mount (`pinned`) only when its path names
+        another file (a vanished one keeps being served). The new file of a
+        replaced path is in the list to open. A path that failed to open
+        before is tried again only once its size or mtime changed. Raises
+        OSError when `shard_dir` cannot be read."""
+        gone: List[MountedShard] = []
+        candidates: List[str] = []
+        present = set()
+        if self.shard_dir is not None:
+            candidates = list_shard_dir(self.shard_dir)
+            present = set(candidates)
+        candidates += [p for p in self.pinned if p not in present]
+        stats: Dict[str, os.stat_result] = {}
+        for path in candidates:
+            try:
+                stats[path] = os.stat(path)
+            except OSError:
+                pass
         for member in list(self.by_path.values()):
-            vanished = member.path not in present
-            if not vanished:
-                try:
-                    vanished = _ident(os.stat(member.path)) != member.ident
-                except OSError:
-                    vanished = True
-            if vanished:
+            st = stats.get(member.path)
+            pinned = member.path in self.pinned and member.path not in present
+            if st is None and pinned:
+                continue
+            if st is None or _ident(st) != member.ident:
                 gone.append(member)
         new = []
-        for path in paths:
-            if path in self.by_path:
+        for path in candidates:
+            st = stats.get(path)
+            if st is None:
                 continue
-            try:
-                st = os.stat(path)
-            except OSError:
+            member = self.by_path.get(path)
+            if member is not None and member not in gone:
                 continue
             seen = (st.st_size, st.st_mtime_ns)
             if self._rejected.get(path) != seen:
                 new.append((path, seen))
         for path in list(self._rejected):
-            if path not in present:
+            if path not in stats:
                 del self._rejected[path]
         return (gone, new)
 
@@ -364,22 +355,19 @@ class ShardSet:
         self._rejected[path] = seen
         log.warning("%s: not served: %s", path, exc)
 
-    def rescan(self) -> Tuple[int, int]:
-        """Bring the set in line with `shard_dir` (in this thread); returns
-        (added, removed). New valid shards are added in name order; a path
-        that fails to open (incomplete copy, not a shard) is logged once
-        and retried when it changes; shards whose path vanished or now
-        names another file are removed. Raises OSError when the directory
-        cannot be read. (The filesystem does the same with the opening in
-        a worker thread: `plan_rescan`, `open_candidate`, `add`.)"""
+    def rescan(self) -> Tuple[List[MountedShard], List[MountedShard]]:
+        """Bring the set in line with the files (`plan_rescan`); returns
+        (shards added, shards removed). New valid shards are added in name
+        order; a path that fails to open (incomplete copy, not a shard) is
+        logged once and retried when it changes. Removed shards stay open
+        until `discard`. Raises OSError when `shard_dir` cannot be read."""
         gone, new = self.plan_rescan()
         for member in gone:
             self.remove(member)
-        added = 0
+        added = []
         for path, seen in new:
             try:
-                self.add(path)
-                added += 1
+                added.append(self.add(path))
             except Exception as exc:
                 self.reject(path, seen, exc)
-        return (added, len(gone))
+        return (added, gone)

@@ -1,0 +1,587 @@
+"""The coordinator: owns a mount's global state and keeps its workers alive.
+
+One process per mount mounts the filesystem, answers the kernel's INIT
+request, then forks the worker processes (`shardfs.fuse.worker`) that
+serve every other request, and from then on serves none itself. It owns
+what must be decided in one place:
+
+* **The shard set.** Shards are numbered here only; the table of served
+  shards is published in shared memory (`shardfs.fuse.shared`) and every
+  worker brings its copy up to date before its next request, so an inode
+  names the same object in every worker at every moment.
+* **Following the files.** inotify on the shard directory and on the
+  directories of the shards named at mount, and SIGHUP: new shards are
+  served, vanished ones removed, a shard replaced in place (renamed over)
+  is served from the new file while files opened on the old one keep
+  reading it; the old one is closed once no file is open on it in any
+  worker.
+* **Takedowns.** When a served shard file is written (``shardfs delete``
+  works in place), its sidecar's slots are checked against the index and
+  the inode of every object deleted since is invalidated in the kernel
+  (attributes and cached pages), so it is gone from the mount within the
+  live bound; the workers read the index slot at every OPEN and READ, so
+  a deleted object cannot be opened or read again even before that. Block
+  devices get no inotify event for writes made elsewhere (and their page
+  cache does not see a remote writer): SIGHUP drops the device's cached
+  pages and checks every shard.
+* **Sidecar builds**, one at a time, in a forked process (a build may read
+  a whole index: the coordinator keeps answering meanwhile).
+* **Workers.** A worker that dies is replaced at once (its own clone of the
+  FUSE device makes the kernel fail the requests it held); SIGINT, SIGTERM
+  and ``shardfs umount`` end every process and remove the mount. Workers
+  die with the coordinator (``PR_SET_PDEATHSIG``).
+
+Why fork only after INIT: a libfuse session that has not processed INIT
+answers EIO to everything; trio and pyfuse3 do not survive a fork while
+their loop runs. So INIT is answered by a first, short ``trio.run`` whose
+``pyfuse3.main`` is cancelled from `Operations.init` (called while INIT is
+processed): the next request is then left in the kernel for a worker.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import signal
+import stat
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Set
+
+from shardfs import sidecar as sidecar_mod
+from shardfs.fuse import worker as worker_mod
+from shardfs.fuse.handlers import ShardFS
+from shardfs.fuse.layout import object_inode
+from shardfs.fuse.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet
+from shardfs.fuse.shared import MAX_SHARDS, SharedState
+
+log = logging.getLogger("shardfs.fuse")
+
+#: Seconds to wait for INIT, and for the new mount to answer a stat.
+READY_TIMEOUT = 10.0
+#: Seconds file events are left to settle before a rescan.
+SETTLE_SECONDS = 0.2
+#: Seconds after its removal before a shard with no open file is closed.
+CLOSE_GRACE = 1.0
+#: A worker position restarted more often than this within
+#: RESTART_WINDOW seconds makes the coordinator give up the mount.
+MAX_RESTARTS = 5
+RESTART_WINDOW = 10.0
+#: Seconds workers get to leave after the unmount before being killed.
+STOP_GRACE = 2.0
+
+_EXIT_CACHE_DIR = 3  # a sidecar builder's exit status: the cache directory failed
+
+
+def default_workers() -> int:
+    """Workers of a mount by default: the number of CPUs this process may
+    use, at least 2 (so that one request waiting for the device never
+    stalls the others)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(2, cpus)
+
+
+def _session_fd() -> int:
+    """The descriptor of /dev/fuse that pyfuse3.init() left open."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                found.append(int(name))
+        except OSError:
+            continue
+    if len(found) != 1:
+        raise RuntimeError(f"expected one /dev/fuse descriptor, found {len(found)}")
+    return found[0]
+
+
+class Coordinator:
+    """Serve `fs` (whose shard set it owns from now on) on `mountpoint`
+    with `workers` worker processes; see the module's docstring.
+
+    `options` are libfuse's; `ready_fd` and `on_ready` as in
+    `shardfs.fuse.mount.serve`; `report(message)` writes the readiness line.
+    """
+
+    def __init__(self, fs: ShardFS, mountpoint: str, options: Sequence[str], workers: int,
+                 report: Callable[[str], None], on_ready: Optional[Callable[[], None]] = None) -> None:
+        self.fs = fs
+        self.shards: ShardSet = fs.shards
+        self.mountpoint = mountpoint
+        self.options = list(options)
+        self.nworkers = workers
+        self.report = report
+        self.on_ready = on_ready
+        self.pid = os.getpid()
+        self.state: Optional[SharedState] = None
+        self.session_fd = -1
+        self._positions: Dict[int, int] = {}  # worker pid -> position
+        self._restarts: Dict[int, List[float]] = {}
+        self._builder: Optional[tuple] = None  # (pid, member)
+        self._removed_at: Dict[int, tuple] = {}  # number -> (sequence, monotonic time)
+        self._deleted: Dict[int, Set[int]] = {}  # number -> slots found deleted
+        self._signals: List[int] = []
+        self._wakeup = (-1, -1)
+        self._inotify = None
+        self._watched: Dict[int, str] = {}  # watch descriptor -> directory
+        self._rescan_at: Optional[float] = None
+        self._check_all = False
+        self._dirty: Set[str] = set()  # paths of served shards written to
+        self._stopping = False
+        self._ended = False
+        self._mounted = False
+        self.shards.reserved = self._reserved
+
+    # ------------------------------------------------------------- serve
+
+    def serve(self) -> int:
+        """Mount, serve until unmounted or signalled, unmount; returns the
+        exit status (0: clean). Raises ShardError when libfuse refuses to
+        mount."""
+        import pyfuse3
+
+        from shardfs import ShardError
+
+        try:
+            pyfuse3.init(self.fs, self.mountpoint, set(self.options))
+        except RuntimeError as exc:
+            message = f"cannot mount on {self.mountpoint}: libfuse refused ({exc}); check the -o options"
+            self.report("error: " + message)
+            raise ShardError(message) from None
+        self._mounted = True
+        status = 1
+        try:
+            self.session_fd = _session_fd()
+            self._answer_init()
+            self.state = SharedState(self.nworkers)
+            self._publish()
+            self._install_signals()
+            self._watch_files()
+            if self.on_ready is not None:
+                self.on_ready()
+            for position in range(self.nworkers):
+                self._spawn(position)
+            if not self._answers():
+                self.report("error: the new mount does not answer")
+                return 1
+            self.report("ok")
+            log.info("serving %s with %d worker(s)", self.mountpoint, self.nworkers)
+            status = self._loop()
+        except BaseException as exc:
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                log.exception("coordinator failed")
+            self.report(f"error: {exc}")
+            raise
+        finally:
+            self._stop()
+            self._close()
+        return status
+
+    def _answer_init(self) -> None:
+        """Let pyfuse3 process the kernel's INIT request, and nothing else."""
+        import pyfuse3
+        import trio
+
+        done = []
+
+        async def until_init() -> None:
+            with trio.move_on_after(READY_TIMEOUT) as scope:
+
+                def init() -> None:  # called by pyfuse3 while it processes INIT
+                    done.append(True)
+                    scope.cancel()  # main() stops at its next checkpoint, before reading again
+
+                self.fs.init = init
+                try:
+                    await pyfuse3.main(1, 1)
+                finally:
+                    del self.fs.init
+
+        trio.run(until_init)
+        if not done:
+            raise RuntimeError(f"the kernel sent no INIT request within {READY_TIMEOUT:g} s")
+
+    def _answers(self) -> bool:
+        """True once a stat of the mount point is answered (by a worker)."""
+        result: List[bool] = []
+
+        def probe() -> None:
+            try:
+                os.stat(self.mountpoint)
+                result.append(True)
+            except OSError as exc:
+                log.error("the new mount does not answer: %s", exc)
+
+        t = threading.Thread(target=probe, daemon=True)
+        t.start()
+        t.join(READY_TIMEOUT)
+        return bool(result)
+
+    # ----------------------------------------------------------- workers
+
+    def _spawn(self, position: int) -> None:
+        pid = os.fork()
+        if pid == 0:
+            fds = tuple(fd for fd in self._wakeup if fd >= 0)
+            if self._inotify is not None:
+                fds += (self._inotify.fileno(),)
+            worker_mod.run(self.fs, self.state, position, self.session_fd, self.pid, close_fds=fds)
+        self._positions[pid] = position
+        log.debug("worker %d started at position %d", pid, position)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self._builder is not None and pid == self._builder[0]:
+                self._builder_done(os.waitstatus_to_exitcode(status))
+                continue
+            position = self._positions.pop(pid, None)
+            if position is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            if code == 0:
+                if not self._ended:
+                    log.info("the FUSE session of %s ended", self.mountpoint)
+                self._ended = True
+                continue
+            how = f"signal {-code}" if code < 0 else f"status {code}"
+            if self._stopping or self._ended:
+                continue
+            now = time.monotonic()
+            recent = [t for t in self._restarts.get(position, []) if now - t < RESTART_WINDOW]
+            if len(recent) >= MAX_RESTARTS:
+                log.error("worker position %d died %d times within %g s: unmounting", position,
+                          len(recent) + 1, RESTART_WINDOW)
+                self._stopping = True
+                continue
+            self._restarts[position] = recent + [now]
+            log.warning("worker %d (position %d) died (%s): starting another", pid, position, how)
+            self._spawn(position)
+
+    def _unmount(self) -> None:
+        """Unmount (lazily, as libfuse does: nothing waits on a busy mount)
+        and release the session, once."""
+        import pyfuse3
+
+        if self._mounted:
+            self._mounted = False
+            try:
+                pyfuse3.close(unmount=True)
+            except Exception:  # pragma: no cover - close() only logs in practice
+                log.exception("unmount failed")
+
+    def _stop(self) -> None:
+        """Unmount and end every child process: the workers leave when the
+        kernel ends the session; any still there after STOP_GRACE is
+        killed."""
+        self._stopping = True
+        self._unmount()
+        deadline = time.monotonic() + STOP_GRACE
+        signalled = False
+        children = lambda: list(self._positions) + ([self._builder[0]] if self._builder else [])  # noqa: E731
+        while children():
+            self._reap()
+            if not children():
+                break
+            if time.monotonic() > deadline:
+                sig = signal.SIGKILL if signalled else signal.SIGTERM
+                for pid in children():
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                signalled = True
+                deadline = time.monotonic() + STOP_GRACE
+            time.sleep(0.02)
+
+    # ---------------------------------------------------------- the loop
+
+    def _install_signals(self) -> None:
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup = (r, w)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+        def handler(signum: int, frame: object) -> None:
+            self._signals.append(signum)
+
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN \
+                    and self.shards.shard_dir is None and not self.shards.pinned:
+                continue
+            signal.signal(signum, handler)
+
+    def _loop(self) -> int:
+        poller = select.poll()
+        poller.register(self._wakeup[0], select.POLLIN)
+        if self._inotify is not None:
+            poller.register(self._inotify.fileno(), select.POLLIN)
+        interrupts = 0
+        while True:
+            self._reap()
+            if self._ended and not self._positions:
+                return 0
+            if self._stopping:
+                return 0 if interrupts else 1
+            timeout = 1.0
+            if self._rescan_at is not None:
+                timeout = max(0.0, min(timeout, self._rescan_at - time.monotonic()))
+            for fd, _ in poller.poll(int(timeout * 1000)):
+                if fd == self._wakeup[0]:
+                    try:
+                        while os.read(fd, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif self._inotify is not None and fd == self._inotify.fileno():
+                    self._read_events()
+            signals, self._signals = self._signals, []
+            for signum in signals:
+                if signum in (signal.SIGINT, signal.SIGTERM):
+                    interrupts += 1
+                    log.info("got signal %d: unmounting", signum)
+                    self._stopping = True
+                elif signum == signal.SIGHUP:
+                    if self.shards.shard_dir is None and not self.shards.pinned:
+                        interrupts += 1
+                        self._stopping = True
+                    else:
+                        log.info("got SIGHUP: rescanning the shards")
+                        self._check_all = True
+                        self._rescan_at = time.monotonic()
+            if self._stopping:
+                continue
+            if self._rescan_at is not None and time.monotonic() >= self._rescan_at:
+                self._rescan_at = None
+                self._follow()
+            self._close_unused()
+            self._start_builder()
+
+    # ---------------------------------------------------- following files
+
+    def _watch_files(self) -> None:
+        directories = []
+        if self.shards.shard_dir is not None:
+            directories.append(self.shards.shard_dir)
+        for path in self.shards.pinned:
+            d = os.path.dirname(path)
+            if d not in directories:
+                try:
+                    if stat.S_ISBLK(os.stat(path).st_mode):
+                        continue  # a device: SIGHUP only (see the module's docstring)
+                except OSError:
+                    pass
+                directories.append(d)
+        if not directories:
+            return
+        try:
+            import inotify_simple
+        except ImportError:  # pragma: no cover - a dependency
+            log.warning("inotify_simple is missing: shard changes show after SIGHUP only")
+            return
+        flags = inotify_simple.flags
+        mask = (flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
+                | flags.ATTRIB | flags.MODIFY)
+        self._inotify = inotify_simple.INotify(nonblocking=True)
+        os.set_inheritable(self._inotify.fileno(), False)
+        for d in directories:
+            try:
+                self._watched[self._inotify.add_watch(d, mask)] = d
+            except OSError as exc:
+                log.warning("cannot watch %s (%s): its changes show after SIGHUP only", d, exc)
+
+    def _read_events(self) -> None:
+        try:
+            events = self._inotify.read(timeout=0)
+        except BlockingIOError:
+            return
+        import inotify_simple
+
+        written = inotify_simple.flags.MODIFY | inotify_simple.flags.CLOSE_WRITE
+        for event in events:
+            path = os.path.join(self._watched.get(event.wd, ""), event.name)
+            if event.mask & written and path in self.shards.by_path:
+                self._dirty.add(path)
+        if events and self._rescan_at is None:
+            self._rescan_at = time.monotonic() + SETTLE_SECONDS
+
+    def _follow(self) -> None:
+        """Rescan the files, check written shards for takedowns, publish."""
+        if self._check_all:
+            for member in self.shards.served():
+                self._drop_device_cache(member)
+        try:
+            added, gone = self.shards.rescan()
+        except OSError as exc:
+            log.warning("cannot rescan %s: %s", self.shards.shard_dir, exc)
+            added, gone = [], []
+        if added or gone:
+            log.info("rescan: %d shard(s) added, %d removed", len(added), len(gone))
+            self._publish()
+            for member in gone:
+                self._removed_at[member.number] = (self.state.sequence, time.monotonic())
+        dirty = [m for m in self.shards.served() if self._check_all or m.path in self._dirty]
+        self._dirty.clear()
+        self._check_all = False
+        for member in dirty:
+            self._invalidate_deleted(member)
+
+    @staticmethod
+    def _drop_device_cache(member: MountedShard) -> None:
+        """A block device's cached pages may predate writes made by
+        another host: drop them, so the next reads see the device."""
+        try:
+            fd = member.shard.fileno()
+            if stat.S_ISBLK(os.fstat(fd).st_mode):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except (OSError, ValueError) as exc:
+            log.warning("%s: cannot drop its cached pages: %s", member.path, exc)
+
+    def _invalidate_deleted(self, member: MountedShard) -> None:
+        """Invalidate in the kernel the inodes of the objects of `member`
+        deleted since its sidecar was built (a takedown)."""
+        import pyfuse3
+
+        sc = member.sidecar
+        if sc is None:
+            log.warning("%s was written to but has no sidecar yet: deleted objects cannot be "
+                        "opened, their cached attributes expire with the kernel's caches", member.path)
+            return
+        known = self._deleted.setdefault(member.number, set())
+        found = []
+        for slot in sc.slots(0, sc.count):
+            if slot in known:
+                continue
+            try:
+                live = member.shard.slot(slot) is not None
+            except Exception:  # a corrupt slot: leave it to the readers (EIO)
+                continue
+            if not live:
+                known.add(slot)
+                found.append(slot)
+        for slot in found:
+            try:
+                pyfuse3.invalidate_inode(object_inode(member.number, slot), False)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not know it
+                    log.warning("cannot invalidate an object of %s: %s", member.path, exc)
+        if found:
+            log.info("%s: %d object(s) deleted: invalidated in the kernel", member.path, len(found))
+
+    # ----------------------------------------------------- shard lifetime
+
+    def _reserved(self, number: int) -> bool:
+        """A number whose open-file counters belong to a shard still held."""
+        if number < MAX_SHARDS:
+            return False
+        index = number % MAX_SHARDS
+        return any(n % MAX_SHARDS == index for n in self.shards.shards)
+
+    def _close_unused(self) -> None:
+        """Close removed shards on which no worker has a file open, once
+        every worker has seen them removed."""
+        if not self._removed_at:
+            return
+        busy = [self.state.busy_with(p) for p in self._positions.values()]
+        now = time.monotonic()
+        closed = False
+        for number, (seq, when) in list(self._removed_at.items()):
+            member = self.shards.get(number)
+            if member is None:
+                del self._removed_at[number]
+                continue
+            if now - when < CLOSE_GRACE or any(0 < b < seq for b in busy):
+                continue
+            if self.state.open_files(number) > 0:
+                continue
+            del self._removed_at[number]
+            self._deleted.pop(number, None)
+            self.shards.discard(member)
+            self.state.reset_open_files(number)
+            closed = True
+            log.info("shard %s (number %d) closed: no file open on it", member.path, number)
+        if closed:
+            self._publish()
+
+    def table(self) -> Dict[str, object]:
+        """The shard table workers follow (`shardfs.fuse.worker.apply_table`)."""
+        return {"shards": [
+            {"number": m.number, "path": m.path, "fd": m.shard.fileno(), "removed": m.removed,
+             "sidecar_dir": m.sidecar_dir if m.sidecar is not None else None}
+            for _, m in sorted(self.shards.shards.items())
+        ]}
+
+    def _publish(self) -> None:
+        self.state.publish(self.table())
+
+    # ----------------------------------------------------------- sidecars
+
+    def _start_builder(self) -> None:
+        if self._builder is not None or self._stopping:
+            return
+        todo = self.shards.needs_sidecar()
+        if not todo:
+            return
+        member = todo[0]
+        directory = self.shards.sidecar_dir
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                worker_mod._die_with(self.pid)
+                os.close(self.session_fd)
+                sidecar_mod.build(member.shard, directory).close()
+                code = 0
+            except OSError as exc:
+                if exc.errno in CACHE_DIR_ERRNOS and directory == self.shards.cache_dir:
+                    code = _EXIT_CACHE_DIR
+                else:
+                    log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
+            except BaseException as exc:
+                log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
+            finally:
+                os._exit(code)
+        self._builder = (pid, member, directory)
+
+    def _builder_done(self, code: int) -> None:
+        _, member, directory = self._builder
+        self._builder = None
+        if code == _EXIT_CACHE_DIR:
+            self.shards.use_private_sidecar_dir()
+            return  # built again there at the next turn
+        if code != 0 or member.removed:
+            member.sidecar_failed = code != 0
+            return
+        try:
+            sc = sidecar_mod.load(member.shard, directory)
+        except Exception as exc:
+            log.warning("%s: cannot load its new sidecar: %s", member.path, exc)
+            sc = None
+        if sc is None:
+            member.sidecar_failed = True
+            return
+        self.shards.set_sidecar(member, sc, directory)
+        self._publish()
+
+    # ------------------------------------------------------------ closing
+
+    def _close(self) -> None:
+        for fd in self._wakeup:
+            if fd >= 0:
+                os.close(fd)
+        if self._wakeup[1] >= 0:
+            signal.set_wakeup_fd(-1)
+        self._wakeup = (-1, -1)
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+        self.fs.close()

@@ -1,0 +1,169 @@
+"""Memory shared by a mount's coordinator and its worker processes.
+
+One anonymous shared mapping (``mmap(-1, ...)``, MAP_SHARED), made by the
+coordinator before it forks the workers, so every process of the mount
+sees the same bytes. Nothing in it needs a lock: each word has one writer.
+
+* The **shard table**, written by the coordinator only, read by the
+  workers before each request when its sequence number changed: which
+  shards are served, under which numbers, which are removed but still
+  readable through open files, where their sidecars are. It is JSON, behind
+  a sequence lock (the sequence is odd while the coordinator writes; a
+  reader that saw it change retries), so a worker never acts on a torn copy.
+* A **row per worker position** (a replacement worker takes over the row of
+  the one it replaces): requests served by kind, the shard set's lookups
+  and index probes, and the table sequence of the request it is serving (0
+  when idle), which tells the coordinator when a removed shard can no
+  longer get new opens.
+* **Open files per shard and worker position**: a worker adds one when it
+  opens a file of shard N and takes one off when it releases one; OPEN and
+  RELEASE of a file may reach different workers, so only the sum over
+  positions means something. The coordinator closes a removed shard once
+  that sum is 0.
+
+Words are native 64-bit integers; positions are in words unless said.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import time
+from typing import Any, Dict, List, Tuple
+
+#: Request kinds counted per worker, in this order (handler names; anything
+#: else is counted as "other").
+REQUEST_KINDS = (
+    "lookup", "forget", "getattr", "open", "read", "flush", "release", "opendir", "readdir",
+    "releasedir", "statfs", "access", "getxattr", "listxattr", "setattr", "mknod", "mkdir",
+    "unlink", "rmdir", "symlink", "rename", "link", "create", "write", "setxattr",
+    "removexattr", "other",
+)
+_KIND_INDEX = {kind: i for i, kind in enumerate(REQUEST_KINDS)}
+
+#: Most worker processes a mount may have.
+MAX_WORKERS = 64
+#: Shards (served, or removed with files still open) a mount may hold at
+#: once: a shard's open-file counters are at ``number % MAX_SHARDS``, and
+#: the coordinator never gives out a number whose counters are in use.
+MAX_SHARDS = 1 << 17
+#: Bytes the shard table may take (JSON; ~200 bytes per shard).
+TABLE_BYTES = 64 << 20
+
+_HEADER_WORDS = 512  # [0] table sequence, [1] table length in bytes
+_SEQ, _TABLE_LEN = 0, 1
+ROW_WORDS = 64
+# Row layout.
+PID, ACTIVE, LOOKUPS, PROBES = 0, 1, 2, 3
+KINDS = 8
+
+
+class SharedState:
+    """The shared mapping of one mount for `workers` positions.
+
+    Made by the coordinator before forking (the mapping is inherited).
+    Virtual size is about ``8 * MAX_SHARDS * workers + TABLE_BYTES`` bytes;
+    only the pages written take memory.
+    """
+
+    def __init__(self, workers: int) -> None:
+        if not 1 <= workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be 1..{MAX_WORKERS}")
+        self.workers = workers
+        self._rows = _HEADER_WORDS
+        self._opens = self._rows + ROW_WORDS * workers
+        self._table = 8 * (self._opens + MAX_SHARDS * workers)
+        self.mm = mmap.mmap(-1, self._table + TABLE_BYTES)
+        self.words = memoryview(self.mm)[: self._table].cast("q")
+        self._last: Tuple[int, Any] = (-1, None)
+
+    # ------------------------------------------------------------- table
+
+    @property
+    def sequence(self) -> int:
+        """The table's sequence number: even, and +2 with every publish."""
+        return self.words[_SEQ]
+
+    def publish(self, table: Dict[str, Any]) -> int:
+        """Write a new table (coordinator only); returns its sequence
+        number. Raises ValueError when it does not fit TABLE_BYTES."""
+        data = json.dumps(table, separators=(",", ":")).encode()
+        if len(data) > TABLE_BYTES:
+            raise ValueError(f"shard table of {len(data)} bytes does not fit {TABLE_BYTES}")
+        words = self.words
+        seq = words[_SEQ]
+        words[_SEQ] = seq + 1  # odd: being written
+        self.mm[self._table:self._table + len(data)] = data
+        words[_TABLE_LEN] = len(data)
+        words[_SEQ] = seq + 2
+        return seq + 2
+
+    def read(self) -> Tuple[int, Dict[str, Any]]:
+        """(sequence, table) as last published, never a torn copy."""
+        words = self.words
+        while True:
+            seq = words[_SEQ]
+            if seq == self._last[0]:
+                return self._last
+            if seq & 1:
+                time.sleep(0.0001)
+                continue
+            data = bytes(self.mm[self._table:self._table + words[_TABLE_LEN]])
+            if words[_SEQ] != seq:
+                continue
+            self._last = (seq, json.loads(data))
+            return self._last
+
+    # -------------------------------------------------------------- rows
+
+    def row(self, position: int) -> int:
+        """Word index of the row of worker `position`."""
+        return self._rows + ROW_WORDS * position
+
+    def kind_index(self, kind: str) -> int:
+        """Offset in a row of the counter of request `kind`."""
+        return KINDS + _KIND_INDEX.get(kind, _KIND_INDEX["other"])
+
+    def open_counter(self, number: int, position: int) -> int:
+        """Word index of worker `position`'s open-file count of shard `number`."""
+        return self._opens + (number % MAX_SHARDS) * self.workers + position
+
+    def open_files(self, number: int) -> int:
+        """Files of shard `number` open now, over all workers."""
+        base = self._opens + (number % MAX_SHARDS) * self.workers
+        return sum(self.words[base:base + self.workers])
+
+    def reset_open_files(self, number: int) -> None:
+        """Zero the open-file counts of `number` (its shard is closed)."""
+        base = self._opens + (number % MAX_SHARDS) * self.workers
+        for i in range(base, base + self.workers):
+            self.words[i] = 0
+
+    def requests(self) -> Dict[str, int]:
+        """Requests served by every worker, by kind (kinds never seen left out)."""
+        out: Dict[str, int] = {}
+        for position in range(self.workers):
+            base = self.row(position) + KINDS
+            for i, kind in enumerate(REQUEST_KINDS):
+                n = self.words[base + i]
+                if n:
+                    out[kind] = out.get(kind, 0) + n
+        return out
+
+    def lookups(self) -> Tuple[int, int]:
+        """(lookups, index probes) over every worker."""
+        rows = [self.row(p) for p in range(self.workers)]
+        return (sum(self.words[r + LOOKUPS] for r in rows), sum(self.words[r + PROBES] for r in rows))
+
+    def busy_with(self, position: int) -> int:
+        """The table sequence worker `position` serves a request under, 0 when idle."""
+        return self.words[self.row(position) + ACTIVE]
+
+    def pids(self) -> List[int]:
+        """The pid last recorded by each worker position (0: never started)."""
+        return [self.words[self.row(p) + PID] for p in range(self.workers)]
+
+    def close(self) -> None:
+        """Unmap (after every view of it is gone)."""
+        self.words.release()
+        self.mm.close()

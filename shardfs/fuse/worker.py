@@ -1,0 +1,226 @@
+"""A worker process: serves requests of the mount's FUSE connection.
+
+The coordinator (`shardfs.fuse.coordinator`) forks the workers once the
+kernel's INIT request was answered, so each inherits the FUSE session, the
+filesystem and the shard set as they were then. A worker:
+
+1. asks the kernel to end it with its coordinator (``PR_SET_PDEATHSIG``):
+   no worker outlives a killed coordinator;
+2. gives itself its own clone of the FUSE device (``FUSE_DEV_IOC_CLONE`` on
+   a fresh ``/dev/fuse``, ``dup2`` over the session's descriptor), so that
+   it reads requests and writes replies on a descriptor of its own: if it
+   dies, the kernel answers the requests it held with an error
+   (ECONNABORTED) instead of leaving their callers waiting for ever, and
+   the other workers keep serving;
+3. runs ``pyfuse3.main`` with one task: any worker may take any request,
+   and several workers reading the connection at once is where the
+   concurrency comes from. Since another worker may take the request that
+   woke this one, this worker may block in ``read(2)``: it must never wait
+   for its own event loop (no threads awaited), so handlers do their I/O
+   inline.
+
+Before each request, `WorkerHooks.begin` brings the worker's shard set up to
+date with the table the coordinator publishes (`shardfs.fuse.shared`) when
+its sequence changed: shards added (reopened through the coordinator's own
+descriptor, ``/proc/<coordinator>/fd/<n>``, so it is the very file the
+coordinator validated even if the path was renamed over since), removed,
+closed, and sidecars built. The worker exits 0 when the session ends (the
+filesystem was unmounted).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import signal
+import struct
+import sys
+from typing import Any, Dict, Optional
+
+from shardfs import Shard
+from shardfs import sidecar as sidecar_mod
+from shardfs.fuse.handlers import RequestHooks, ShardFS
+from shardfs.fuse.shardset import ShardSet, _ident
+from shardfs.fuse.shared import ACTIVE, LOOKUPS, PID, PROBES, SharedState
+
+log = logging.getLogger("shardfs.fuse")
+
+#: ioctl(2) request attaching a /dev/fuse descriptor to the FUSE connection
+#: of another one (its number as a u32): _IOR(229, 0, uint32_t), from the
+#: kernel's include/uapi/linux/fuse.h.
+FUSE_DEV_IOC_CLONE = 0x8004E500
+
+_PR_SET_PDEATHSIG = 1
+
+
+class WorkerHooks(RequestHooks):
+    """The hooks of a worker: its shard set follows the published table,
+    its counters live in its row of the shared state."""
+
+    def __init__(self, shards: ShardSet, state: SharedState, position: int, coordinator: int) -> None:
+        super().__init__(shards)
+        self.state = state
+        self.position = position
+        self.coordinator = coordinator
+        self.words = state.words
+        self.row = state.row(position)
+        self.seen = -1
+        self._kind_slots: Dict[str, int] = {}
+
+    def begin(self, kind: str) -> None:
+        words = self.words
+        if words[0] != self.seen:
+            self.sync()
+        words[self.row + ACTIVE] = self.seen
+        slot = self._kind_slots.get(kind)
+        if slot is None:
+            slot = self._kind_slots[kind] = self.row + self.state.kind_index(kind)
+        words[slot] += 1
+
+    def end(self) -> None:
+        words = self.words
+        row = self.row
+        words[row + ACTIVE] = 0
+        words[row + LOOKUPS] = self.base_lookups + self.shards.lookups
+        words[row + PROBES] = self.base_probes + self.shards.probes
+
+    def opened(self, number: int) -> None:
+        self.words[self.state.open_counter(number, self.position)] += 1
+
+    def released(self, number: int) -> None:
+        self.words[self.state.open_counter(number, self.position)] -= 1
+
+    def requests(self) -> Dict[str, int]:
+        return self.state.requests()
+
+    def lookups(self) -> "tuple[int, int]":
+        return self.state.lookups()
+
+    def start(self) -> None:
+        """Take over the row (a replacement keeps counting from the totals
+        of the worker it replaces)."""
+        self.words[self.row + PID] = os.getpid()
+        self.words[self.row + ACTIVE] = 0
+        self.base_lookups = self.words[self.row + LOOKUPS] - self.shards.lookups
+        self.base_probes = self.words[self.row + PROBES] - self.shards.probes
+
+    def sync(self) -> None:
+        """Make the shard set what the coordinator last published."""
+        seq, table = self.state.read()
+        apply_table(self.shards, table, self.coordinator)
+        self.seen = seq
+
+
+def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> None:
+    """Change `shards` to match a published shard table (see
+    `shardfs.fuse.coordinator.Coordinator.table`): add the shards it serves
+    that `shards` lacks, mark removed ones, load sidecars it names, and
+    close the shards it no longer lists. A shard that cannot be opened is
+    logged and left out (the coordinator holds it open, so this only
+    happens when the system refuses a descriptor or a mapping)."""
+    listed = set()
+    for entry in table["shards"]:
+        number = entry["number"]
+        listed.add(number)
+        member = shards.get(number)
+        if member is None:
+            if entry["removed"]:
+                continue  # never served here: nothing open on it here
+            try:
+                shard = Shard("/proc/%d/fd/%d" % (coordinator, entry["fd"]))
+            except Exception as exc:
+                log.error("worker %d: cannot open shard %s (number %d): %s", os.getpid(),
+                          entry["path"], number, exc)
+                continue
+            shard.path = entry["path"]
+            sidecar = _load_sidecar(shard, entry["sidecar_dir"])
+            member = shards.add(entry["path"], shard=shard, sidecar=sidecar, number=number,
+                                sidecar_dir=entry["sidecar_dir"])
+            continue
+        if entry["removed"]:
+            shards.remove(member)
+        elif member.sidecar is None and entry["sidecar_dir"]:
+            sidecar = _load_sidecar(member.shard, entry["sidecar_dir"])
+            if sidecar is not None:
+                shards.set_sidecar(member, sidecar, entry["sidecar_dir"])
+    for member in list(shards.shards.values()):
+        if member.number not in listed:
+            shards.discard(member)
+
+
+def _load_sidecar(shard: Shard, directory: Optional[str]) -> object:
+    if not directory:
+        return None
+    try:
+        return sidecar_mod.load(shard, directory)
+    except Exception as exc:
+        log.warning("%s: cannot load its sidecar: %s", shard.path, exc)
+        return None
+
+
+def clone_session_fd(session_fd: int) -> None:
+    """Replace descriptor `session_fd` (the FUSE session's) by a clone of
+    the connection: a new /dev/fuse descriptor attached to it. Raises
+    OSError when the kernel refuses."""
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, FUSE_DEV_IOC_CLONE, struct.pack("I", session_fd))
+        os.dup2(fd, session_fd, inheritable=False)
+    finally:
+        os.close(fd)
+
+
+def _die_with(coordinator: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != coordinator:  # it died before the line above
+        os._exit(1)
+
+
+def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordinator: int,
+        close_fds: "tuple[int, ...]" = ()) -> None:
+    """Body of a freshly forked worker; never returns (exits the process:
+    0 when the session ended, 1 on error)."""
+    status = 1
+    try:
+        _die_with(coordinator)
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)  # the coordinator's business
+        for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        for fd in close_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        clone_session_fd(session_fd)
+        hooks = WorkerHooks(fs.shards, state, position, coordinator)
+        fs.hooks = hooks
+        hooks.start()
+        hooks.sync()
+
+        import pyfuse3
+        import trio
+
+        log.debug("worker %d (position %d) serving", os.getpid(), position)
+        trio.run(pyfuse3.main, 1, 1)
+        status = 0
+    except OSError as exc:
+        if exc.errno not in (errno.ENODEV, errno.ECONNABORTED):
+            log.error("worker %d (position %d): %s", os.getpid(), position, exc)
+        else:
+            status = 0
+    except BaseException:
+        log.exception("worker %d (position %d) failed", os.getpid(), position)
+    finally:
+        try:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)

@@ -1,6 +1,10 @@
 """Shared pytest setup: sidecars go to a per-session temporary cache
 directory (mount daemons inherit the environment), never to ~/.cache; the
-`mounter` fixtures unmount whatever a test mounted."""
+`mounter` fixtures unmount whatever a test mounted. SHARDFS_WORKERS, when
+set, is the worker count of every mount the tests make (``make test`` runs
+the mounting suites with the default and with 1)."""
+
+import os
 
 import pytest
 from mounting import Mounter
@@ -28,3 +32,15 @@ def _sidecar_cache_dir(tmp_path_factory):
     mp.setenv("SHARDFS_CACHE_DIR", str(tmp_path_factory.mktemp("sidecar-cache")))
     yield
     mp.undo()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI (CI set in the environment), a skipped test fails: a green
+    run must mean that the mounts, root-only and tool-dependent tests ran."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, which must run every test: {reason}"

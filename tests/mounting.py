@@ -96,7 +96,29 @@ def force_unmount(path: os.PathLike) -> None:
 
 
 def daemon_pids(mountpoint: os.PathLike) -> List[int]:
-    """Pids of shardfs mount daemons serving `mountpoint`."""
+    """Pids of the shardfs mount daemons (coordinators) serving
+    `mountpoint`; their workers are left out (see `mount_processes`)."""
+    pids = mount_processes(mountpoint)
+    return [p for p in pids if _ppid(p) not in pids]
+
+
+def worker_pids(mountpoint: os.PathLike) -> List[int]:
+    """Pids of the worker processes serving `mountpoint`."""
+    pids = mount_processes(mountpoint)
+    return [p for p in pids if _ppid(p) in pids]
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def mount_processes(mountpoint: os.PathLike) -> List[int]:
+    """Pids of every shardfs process serving `mountpoint` (coordinator,
+    workers, sidecar builder)."""
     want = _abs(mountpoint).encode()
     pids = []
     for entry in os.listdir("/proc"):

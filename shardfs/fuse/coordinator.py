@@ -76,9 +76,14 @@ _EXIT_CACHE_DIR = 3  # a sidecar builder's exit status: the cache directory fail
 
 
 def default_workers() -> int:
-    """Workers of a mount by default: the number of CPUs this process may
-    use, at least 2 (so that one request waiting for the device never
-    stalls the others)."""
+    """Workers of a mount by default: $SHARDFS_WORKERS when set (1 to
+    MAX_WORKERS), else the number of CPUs this process may use, at least 2
+    (so that one request waiting for the device never stalls the others)."""
+    from shardfs.fuse.shared import MAX_WORKERS
+
+    env = os.environ.get("SHARDFS_WORKERS", "")
+    if env.isdigit() and 1 <= int(env) <= MAX_WORKERS:
+        return int(env)
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

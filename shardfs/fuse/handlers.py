@@ -159,6 +159,10 @@ class RequestHooks:
         """(lookups, index probes) made by the shard set since the mount."""
         return (self.shards.lookups, self.shards.probes)
 
+    def per_process(self) -> List[int]:
+        """Requests served by each process serving the mount."""
+        return [sum(self.counts.values())]
+
 
 #: One directory entry ready for readdir_reply:
 #: (next_id, name, inode, is_dir, size, mtime_ns).
@@ -609,9 +613,10 @@ class ShardFS(pyfuse3.Operations):
 
     # ------------------------------------------------------------ xattrs
 
-    def stats(self) -> Dict[str, int]:
+    def stats(self) -> Dict[str, Any]:
         """Counters of the shard set: shards served, sidecars ready,
-        lookups and index probes made by them."""
+        lookups and index probes made by them, objects in the headers, and
+        the requests served by each worker process (a list)."""
         served = self.shards.served()
         lookups, probes = self.hooks.lookups()
         return {
@@ -620,6 +625,7 @@ class ShardFS(pyfuse3.Operations):
             "lookups": lookups,
             "index_probes": probes,
             "objects": sum(m.objects for m in served),
+            "workers": self.hooks.per_process(),
         }
 
     @_handler

@@ -150,6 +150,11 @@ class SharedState:
                     out[kind] = out.get(kind, 0) + n
         return out
 
+    def per_position(self) -> List[int]:
+        """Requests served at each worker position."""
+        n = len(REQUEST_KINDS)
+        return [sum(self.words[self.row(p) + KINDS:self.row(p) + KINDS + n]) for p in range(self.workers)]
+
     def lookups(self) -> Tuple[int, int]:
         """(lookups, index probes) over every worker."""
         rows = [self.row(p) for p in range(self.workers)]

@@ -99,6 +99,9 @@ class WorkerHooks(RequestHooks):
     def lookups(self) -> "tuple[int, int]":
         return self.state.lookups()
 
+    def per_process(self) -> "list[int]":
+        return self.state.per_position()
+
     def start(self) -> None:
         """Take over the row (a replacement keeps counting from the totals
         of the worker it replaces)."""

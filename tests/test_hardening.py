@@ -25,7 +25,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from mounting import SHARDFS, build_shard, daemon_pids, key_of, make_blobs, mounted, needs_fuse, run, wait_until
+from mounting import (SHARDFS, build_shard, daemon_pids, key_of, make_blobs, mount_processes, mounted, needs_fuse,
+                      run, wait_until)
 
 pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
@@ -179,11 +180,14 @@ def _reader_loop(read_one, keys: List[str], seed: int, deadline: float, errors: 
 def test_32_readers_through_a_mount(tmp_path, mounter):
     """32 threads read one mount for STRESS_SECONDS: random and sequential
     whole-object reads verified by SHA-256, random ranges compared with the
-    source bytes. Zero errors, and the daemon's anonymous memory stays
-    flat (compared after a warm-up to the end)."""
+    source bytes, with the default worker count (at least 2) or
+    SHARDFS_WORKERS. Zero errors, and the anonymous memory of every
+    process of the mount stays flat (compared after a warm-up to the end)."""
     path, objects = _stress_objects(tmp_path)
     point = mounter.mount([path], tmp_path / "mnt", "--cache-dir", str(tmp_path / "cache"))
     pid = daemon_pids(point)[0]
+    processes = mount_processes(point)
+    assert len(processes) == 1 + int(os.environ.get("SHARDFS_WORKERS") or max(2, len(os.sched_getaffinity(0))))
     keys = sorted(objects)
 
     def read_one(key, rng):
@@ -210,16 +214,19 @@ def test_32_readers_through_a_mount(tmp_path, mounter):
         t.start()
     while time.monotonic() < warm:
         time.sleep(0.2)
-    rss_warm = _rss_anon(pid)
+    rss_warm = {p: _rss_anon(p) for p in processes}
     for t in threads:
         t.join(timeout=STRESS_SECONDS + 120)
-    rss_end = _rss_anon(pid)
+    rss_end = {p: _rss_anon(p) for p in processes}
     assert not errors, errors[:5]
     assert len(counts) == READERS and sum(counts) > READERS
-    assert rss_end - rss_warm < 8 << 20, (rss_warm, rss_end)
+    for p in processes:
+        assert rss_end[p] - rss_warm[p] < 8 << 20, (p, rss_warm[p], rss_end[p])
     assert daemon_pids(point) == [pid]
+    assert sorted(mount_processes(point)) == sorted(processes)  # no worker died
     print(f"\n  mount: {READERS} readers x {STRESS_SECONDS:g} s, {sum(counts):,} reads verified, "
-          f"RssAnon {rss_warm >> 20} -> {rss_end >> 20} MiB")
+          f"{len(processes) - 1} workers, RssAnon MiB " +
+          ", ".join(f"{rss_warm[p] >> 20}->{rss_end[p] >> 20}" for p in processes))
 
 
 def test_32_threads_through_the_python_api(tmp_path):

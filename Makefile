@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
-	clang libclang-rt-dev llvm valgrind
+	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
@@ -50,8 +50,14 @@ test-c: apt tests/c/test_shard tests/c/test_sidecar
 	./tests/c/test_shard
 	./tests/c/test_sidecar
 
+# The suites that mount run twice: with the default worker count, then with
+# one worker per mount (SHARDFS_WORKERS=1: workers=1 must keep working; the
+# 60-s stress tests are shortened to 20 s there).
+MOUNT_TESTS := tests/test_fuse.py tests/test_mount_scale.py tests/test_workers.py tests/test_hardening.py
+
 test-py: venv
 	$(PY) -m pytest -q tests
+	SHARDFS_WORKERS=1 SHARDFS_STRESS_SECONDS=20 $(PY) -m pytest -q $(MOUNT_TESTS)
 
 # `make test`: everything a change must pass (tests/fuzz/README.md): the C and
 # Python tests, the same under ASan+UBSan and valgrind, and a short fuzzing

@@ -376,15 +376,14 @@ def load_fio_json(path: str) -> dict:
 
 
 def raise_nofile(limit: int) -> None:
-    """preexec_fn: allow `limit` open files (root may raise the hard limit)."""
+    """preexec_fn: the soft limit of open files raised to `limit` (at most
+    the hard limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft >= limit:
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, max(hard, limit)))
-    except (ValueError, OSError):
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft != resource.RLIM_INFINITY and soft < limit:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
         except (ValueError, OSError):
             pass
 
@@ -563,18 +562,31 @@ class Bench:
         self.fresh(target)
         warm = self.read_all(target, 2, cold=False)
         numjobs = 2
+        # fio keeps every file open (openfiles = nrfiles): each job process
+        # needs that many descriptors. The soft limit is raised up to the hard
+        # one; beyond it (no CAP_SYS_RESOURCE) fio gets openfiles=limit-256.
         need = len(self.ds.names) + 256
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if hard != resource.RLIM_INFINITY and hard < need:
+            openfiles: Optional[int] = hard - 256
+            need = hard
+        else:
+            openfiles = None
         cmd = ["fio", "--name=w", f"--opendir={target.mp}", "--rw=randread",
                "--bsrange=1-1k", "--bs_unaligned", f"--numjobs={numjobs}", "--time_based",
                f"--runtime={self.args.runtime}", "--group_reporting", "--output-format=json",
                "--ioengine=psync", "--invalidate=0", "--eta=never"]
+        if openfiles is not None:
+            cmd.append(f"--openfiles={openfiles}")
         res = self.run_fio(cmd, target, timeout=self.args.runtime * 4 + 120,
                            preexec=lambda: raise_nofile(need))
         read = res["jobs"][0]["read"]
         return {"value": read["iops"], "fio_reads": read["total_ios"],
                 "bytes": read["io_bytes"], "runtime_s": read["runtime"] / 1000,
                 "mb_s": round(read["bw_bytes"] / 1e6, 1), "daemon_cpu_s": res["_cpu"],
-                "warmup_objects_s": round(warm["value"] or 0), "fio_error": res["jobs"][0]["error"]}
+                "warmup_objects_s": round(warm["value"] or 0),
+                "openfiles": openfiles or len(self.ds.names),
+                "command": " ".join(cmd).replace(self.work, "$TMP")}
 
     def run_fio(self, cmd: List[str], target: Target, timeout: float,
                 preexec=None, cwd: Optional[str] = None) -> dict:
@@ -940,7 +952,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError
     except ValueError:
         parser.error("--workers: expected a comma-separated list of counts >= 1")
-    default_workers = max(2, os.cpu_count() or 1)
+    # As shardfs.fuse.coordinator.default_workers() (without $SHARDFS_WORKERS):
+    # the CPUs this process may use, at least 2.
+    try:
+        default_workers = max(2, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        default_workers = max(2, os.cpu_count() or 1)
     if default_workers not in worker_counts:
         worker_counts.append(default_workers)
 

@@ -110,11 +110,13 @@ class Coordinator:
     with `workers` worker processes; see the module's docstring.
 
     `options` are libfuse's; `ready_fd` and `on_ready` as in
-    `shardfs.fuse.mount.serve`; `report(message)` writes the readiness line.
+    `shardfs.fuse.mount.serve`; `report(message)` writes the readiness line;
+    `description` says what is mounted, for the log.
     """
 
     def __init__(self, fs: ShardFS, mountpoint: str, options: Sequence[str], workers: int,
-                 report: Callable[[str], None], on_ready: Optional[Callable[[], None]] = None) -> None:
+                 report: Callable[[str], None], on_ready: Optional[Callable[[], None]] = None,
+                 description: str = "") -> None:
         self.fs = fs
         self.shards: ShardSet = fs.shards
         self.mountpoint = mountpoint
@@ -122,6 +124,7 @@ class Coordinator:
         self.nworkers = workers
         self.report = report
         self.on_ready = on_ready
+        self.description = description or mountpoint
         self.pid = os.getpid()
         self.state: Optional[SharedState] = None
         self.session_fd = -1
@@ -163,6 +166,7 @@ class Coordinator:
         try:
             self.session_fd = _session_fd()
             self._answer_init()
+            log.info("mounted %s", self.description)
             self.state = SharedState(self.nworkers)
             self._publish()
             self._install_signals()
@@ -430,7 +434,8 @@ class Coordinator:
             log.warning("cannot rescan %s: %s", self.shards.shard_dir, exc)
             added, gone = [], []
         if added or gone:
-            log.info("rescan: %d shard(s) added, %d removed", len(added), len(gone))
+            log.info("rescan of %s: %d shard(s) added, %d removed",
+                     self.shards.shard_dir or "the shards named at mount", len(added), len(gone))
             self._publish()
             for member in gone:
                 self._removed_at[member.number] = (self.state.sequence, time.monotonic())

@@ -357,10 +357,11 @@ def serve(
 
     fs = ShardFS(shards, layout=layout, uid=uid, gid=gid)
     what = shards.shard_dir or ", ".join(m.path for m in shards.served())
-    log.info("mounting %s on %s (%d shard(s), layout %s, options %s)", what, mountpoint, len(shards),
-             fs.layout.describe(), ",".join(options))
+    description = (f"{what} on {mountpoint} ({len(shards)} shard(s), layout {fs.layout.describe()}, "
+                   f"options {','.join(options)})")
     coordinator = Coordinator(fs, mountpoint, options, workers or default_workers(),
-                              report=lambda message: _report(ready_fd, message), on_ready=on_ready)
+                              report=lambda message: _report(ready_fd, message), on_ready=on_ready,
+                              description=description)
     try:
         status = coordinator.serve()
     except (KeyboardInterrupt, SystemExit):

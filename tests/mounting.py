@@ -102,6 +102,13 @@ def daemon_pids(mountpoint: os.PathLike) -> List[int]:
     return [p for p in pids if _ppid(p) not in pids]
 
 
+def default_workers() -> int:
+    """Workers a mount gets when the test does not say: $SHARDFS_WORKERS,
+    else the CPUs, at least 2 (as documented)."""
+    env = os.environ.get("SHARDFS_WORKERS")
+    return int(env) if env else max(2, len(os.sched_getaffinity(0)))
+
+
 def worker_pids(mountpoint: os.PathLike) -> List[int]:
     """Pids of the worker processes serving `mountpoint`."""
     pids = mount_processes(mountpoint)

@@ -33,6 +33,7 @@ from mounting import (
     TIMEOUT,
     build_shard,
     daemon_pids,
+    default_workers,
     mount_processes,
     gone,
     key_of,
@@ -559,7 +560,7 @@ def test_umount_command(corpus, mounter, tmp_path):
     point = mounter.mount(corpus[0], tmp_path / "m")
     assert len(daemon_pids(point)) == 1
     pids = mount_processes(point)
-    assert len(pids) >= 3  # the coordinator and at least 2 workers by default
+    assert len(pids) == 1 + default_workers()  # the coordinator and its workers
     proc = run(SHARDFS + ["umount", str(point)])
     assert proc.returncode == 0, proc.stderr
     assert not mounted(point)

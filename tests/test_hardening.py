@@ -25,7 +25,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from mounting import (SHARDFS, build_shard, daemon_pids, key_of, make_blobs, mount_processes, mounted, needs_fuse,
+from mounting import (SHARDFS, build_shard, daemon_pids, default_workers, key_of, make_blobs, mount_processes, mounted, needs_fuse,
                       run, wait_until)
 
 pyfuse3 = pytest.importorskip("pyfuse3")
@@ -187,7 +187,7 @@ def test_32_readers_through_a_mount(tmp_path, mounter):
     point = mounter.mount([path], tmp_path / "mnt", "--cache-dir", str(tmp_path / "cache"))
     pid = daemon_pids(point)[0]
     processes = mount_processes(point)
-    assert len(processes) == 1 + int(os.environ.get("SHARDFS_WORKERS") or max(2, len(os.sched_getaffinity(0))))
+    assert len(processes) == 1 + default_workers()
     keys = sorted(objects)
 
     def read_one(key, rng):

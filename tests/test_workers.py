@@ -26,6 +26,7 @@ from mounting import (
     SHARDFS,
     build_shard,
     daemon_pids,
+    default_workers,
     gone,
     key_of,
     make_blobs,
@@ -68,8 +69,7 @@ def test_default_worker_count_and_workers_option(mixed, mounter, tmp_path):
     workers=1 serves; a bad value is a one-line error before mounting."""
     path, objects = mixed
     point = mounter.mount(path, tmp_path / "d")
-    expected = int(os.environ.get("SHARDFS_WORKERS") or max(2, len(os.sched_getaffinity(0))))
-    assert len(worker_pids(point)) == expected
+    assert len(worker_pids(point)) == default_workers()
     one = mounter.mount(path, tmp_path / "one", "-o", "workers=1")
     assert len(worker_pids(one)) == 1
     key = sorted(objects)[3]

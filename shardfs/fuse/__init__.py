@@ -1,6 +1,10 @@
 """shardfs.fuse — serve a Read Shard as a read-only FUSE filesystem (pyfuse3).
 
-- `shardfs.fuse.fs.ShardFS`: the pyfuse3.Operations subclass.
+- `shardfs.fuse.handlers.ShardFS`: the pyfuse3.Operations subclass (the
+  request handlers).
+- `shardfs.fuse.coordinator` and `shardfs.fuse.worker`: the processes that
+  serve a mount (docs/workers.md); `shardfs.fuse.shared`: their shared
+  memory.
 - `shardfs.fuse.mount`: the module with `mount()` and `umount()`, what
   ``shardfs mount`` and ``shardfs umount`` run (``from shardfs.fuse import
   mount`` gives the module).
@@ -19,7 +23,7 @@ __all__ = ["ShardFS", "umount", "is_mounted"]
 
 def __getattr__(name: str) -> Any:
     if name == "ShardFS":
-        return importlib.import_module("shardfs.fuse.fs").ShardFS
+        return importlib.import_module("shardfs.fuse.handlers").ShardFS
     if name in ("umount", "is_mounted"):
         return getattr(importlib.import_module("shardfs.fuse.mount"), name)
     raise AttributeError(f"module 'shardfs.fuse' has no attribute {name!r}")

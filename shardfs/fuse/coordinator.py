@@ -111,12 +111,13 @@ class Coordinator:
 
     `options` are libfuse's; `ready_fd` and `on_ready` as in
     `shardfs.fuse.mount.serve`; `report(message)` writes the readiness line;
-    `description` says what is mounted, for the log.
+    `description` says what is mounted, for the log; `private_fds` are
+    descriptors of this process the workers must not keep.
     """
 
     def __init__(self, fs: ShardFS, mountpoint: str, options: Sequence[str], workers: int,
                  report: Callable[[str], None], on_ready: Optional[Callable[[], None]] = None,
-                 description: str = "") -> None:
+                 description: str = "", private_fds: Sequence[int] = ()) -> None:
         self.fs = fs
         self.shards: ShardSet = fs.shards
         self.mountpoint = mountpoint
@@ -125,6 +126,7 @@ class Coordinator:
         self.report = report
         self.on_ready = on_ready
         self.description = description or mountpoint
+        self.private_fds = tuple(private_fds)
         self.pid = os.getpid()
         self.state: Optional[SharedState] = None
         self.session_fd = -1
@@ -236,7 +238,7 @@ class Coordinator:
     def _spawn(self, position: int) -> None:
         pid = os.fork()
         if pid == 0:
-            fds = tuple(fd for fd in self._wakeup if fd >= 0)
+            fds = tuple(fd for fd in self._wakeup if fd >= 0) + self.private_fds
             if self._inotify is not None:
                 fds += (self._inotify.fileno(),)
             worker_mod.run(self.fs, self.state, position, self.session_fd, self.pid, close_fds=fds)

@@ -390,13 +390,14 @@ class ShardFS(pyfuse3.Operations):
         if self._split_dir(inode) is not None:
             raise pyfuse3.FUSEError(errno.EISDIR)
         member, data_offset, size = self._object(inode)
-        self.hooks.opened(member.number)
         if 0 < size <= PUSH_BYTES:
+            data = member.shard.pread(data_offset, size, 0, size)
             try:
-                pyfuse3.notify_store(inode, 0, member.shard.pread(data_offset, size, 0, size))
+                pyfuse3.notify_store(inode, 0, data)
             except OSError as exc:
                 # Not fatal: the reads will come as READ requests instead.
                 log.debug("notify_store of inode %d failed: %s", inode, exc)
+        self.hooks.opened(member.number)  # last: a failed open gets no RELEASE
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     @_handler

@@ -37,7 +37,7 @@ import time
 from typing import IO, TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:  # imported lazily at run time: pyfuse3 and trio are heavy
-    from shardfs.fuse.fs import ShardFS
+    from shardfs.fuse.handlers import ShardFS
     from shardfs.fuse.layout import Layout
     from shardfs.fuse.shardset import ShardSet
 
@@ -361,7 +361,8 @@ def serve(
                    f"options {','.join(options)})")
     coordinator = Coordinator(fs, mountpoint, options, workers or default_workers(),
                               report=lambda message: _report(ready_fd, message), on_ready=on_ready,
-                              description=description)
+                              description=description,
+                              private_fds=(ready_fd,) if ready_fd is not None else ())
     try:
         status = coordinator.serve()
     except (KeyboardInterrupt, SystemExit):

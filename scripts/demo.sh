@@ -84,6 +84,14 @@ cat "$many/${notekey:0:2}/${notekey:2:2}/$notekey"
 [ "$(sha256sum < "$many/$newkey" | cut -d' ' -f1)" = "$newkey" ]
 echo "$extra read back by its key: sha256sum matches"
 
+step "a takedown: shardfs delete in place reaches the mount, kernel caches included"
+python3 -c "import json, os, sys; w = json.loads(os.getxattr(sys.argv[1], 'user.shardfs.stats'))['workers']; \
+print(f'the mount is served by {len(w)} worker processes (requests so far: {w})')" "$many"
+shardfs delete --yes "$work/shards/new.shard" "$notekey"
+for _ in $(seq 50); do [ -e "$many/$notekey" ] || break; sleep 0.1; done
+if [ -e "$many/$notekey" ]; then echo "deleted object still served"; exit 1; fi
+echo "$many/$notekey: gone (deleted from new.shard)"
+
 step "shardfs umount $many"
 shardfs umount "$many"
 echo "unmounted; demo done"

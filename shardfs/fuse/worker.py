@@ -184,6 +184,29 @@ def _die_with(coordinator: int) -> None:
         os._exit(1)
 
 
+def _read_without_polling(trio: Any) -> None:
+    """Make pyfuse3's loop go straight to its blocking read of the FUSE
+    device instead of first waiting (epoll) for it to be readable.
+
+    pyfuse3 calls ``trio.lowlevel.wait_readable(fd)`` and then a blocking
+    read. With several workers on one connection, every request makes all
+    the workers waiting in epoll runnable (poll wake-ups are not
+    exclusive); one takes the request, the others block in read: CPU spent
+    for nothing on every request. A process blocked in read(2) on a FUSE
+    device is woken alone (exclusive wait), so this halves the worker CPU
+    per request with 2 workers (measured in bench/workers_bench.py). A
+    worker has nothing else to wait for (no threads, no other task), so
+    blocking in read is what it should do. Only the attribute pyfuse3 looks
+    up is replaced, in the worker process only; trio's own I/O does not go
+    through it.
+    """
+
+    async def ready(fd: int) -> None:
+        return None
+
+    trio.lowlevel.wait_readable = ready
+
+
 def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordinator: int,
         close_fds: "tuple[int, ...]" = ()) -> None:
     """Body of a freshly forked worker; never returns (exits the process:
@@ -210,6 +233,7 @@ def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordin
         import pyfuse3
         import trio
 
+        _read_without_polling(trio)
         log.debug("worker %d (position %d) serving", os.getpid(), position)
         trio.run(pyfuse3.main, 1, 1)
         status = 0

@@ -326,9 +326,6 @@ class Coordinator:
             self._signals.append(signum)
 
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-            if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN \
-                    and self.shards.shard_dir is None and not self.shards.pinned:
-                continue
             signal.signal(signum, handler)
 
     def _loop(self) -> int:
@@ -362,13 +359,9 @@ class Coordinator:
                     log.info("got signal %d: unmounting", signum)
                     self._stopping = True
                 elif signum == signal.SIGHUP:
-                    if self.shards.shard_dir is None and not self.shards.pinned:
-                        interrupts += 1
-                        self._stopping = True
-                    else:
-                        log.info("got SIGHUP: rescanning the shards")
-                        self._check_all = True
-                        self._rescan_at = time.monotonic()
+                    log.info("got SIGHUP: rescanning the shards")
+                    self._check_all = True
+                    self._rescan_at = time.monotonic()
             if self._stopping:
                 continue
             if self._rescan_at is not None and time.monotonic() >= self._rescan_at:

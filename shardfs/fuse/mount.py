@@ -344,9 +344,7 @@ def serve(
     `shardfs.fuse.coordinator`.
 
     SIGINT and SIGTERM unmount and end every process; SIGHUP rescans the
-    shards (and checks them for takedowns), or ends the mount when there is
-    nothing to follow and SIGHUP is not ignored (a terminal that went
-    away). The filesystem is unmounted on the way out whatever happens.
+    shards and checks them for takedowns. The filesystem is unmounted on the way out whatever happens.
     When `ready_fd` is given, "ok\\n" is written to it once the mount
     answers a stat, or "error: <message>\\n" if mounting failed, and it is
     closed; `on_ready` is called before the workers start. Returns the exit
@@ -580,8 +578,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     ready_fd = args.ready_fd
-    if args.shard_dir is None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the coordinator handles it
     # Logging: the log file, else nowhere (stderr goes away once detached).
     devnull = open(os.devnull, "w")
     setup_logging(args.debug, args.log_file, stream=devnull if not args.log_file else None)

@@ -396,3 +396,61 @@ def test_requests_per_cold_object(mixed, mounter, tmp_path):
     large = next(k for k, v in objects.items() if len(v) > 150_000)
     assert (point / large).read_bytes() == objects[large]
     assert requests(point).get("read", 0) > 0
+
+
+@pytest.fixture
+def loop_device(tmp_path):
+    """A read-write loop device over a 16 MiB sparse image (detached after)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for losetup")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    proc = run(["losetup", "--find", "--show", image])
+    if proc.returncode != 0:
+        pytest.skip(f"cannot attach a loop device: {proc.stderr.strip()}")
+    dev = proc.stdout.strip()
+    yield dev
+    for _ in range(50):  # the mount may take a moment to let go of it
+        if run(["losetup", "-d", dev]).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"could not detach {dev}")
+
+
+def test_takedown_on_a_block_device_after_sighup(mounter, tmp_path, loop_device):
+    """A shard on a block device: `shardfs delete DEVICE KEY` on this host
+    refuses new opens at once; after SIGHUP the object's cached attributes
+    and pages are invalidated too (a device gets no inotify event)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    blobs = make_blobs(21, 30, 1, 3000)
+    for i, b in enumerate(blobs):
+        (src / str(i)).write_bytes(b)
+    proc = run(SHARDFS + ["create", "--force", loop_device, str(src)])
+    assert proc.returncode == 0, proc.stderr
+    point = mounter.mount(loop_device, tmp_path / "m", "--layout", "flat")
+    victim = key_of(blobs[0])
+    assert (point / victim).read_bytes() == blobs[0]
+    held = os.open(point / victim, os.O_RDONLY)
+    try:
+        assert wait_until(lambda: stats(point)["sidecars"] == 1)
+        proc = run(SHARDFS + ["delete", "--yes", loop_device, victim])
+        assert proc.returncode == 0, proc.stderr
+        with pytest.raises(FileNotFoundError):
+            (point / victim).read_bytes()
+        os.fstat(held)  # no event for a device: still cached...
+        os.kill(daemon_pids(point)[0], signal.SIGHUP)
+
+        def fstat_fails() -> bool:
+            try:
+                os.fstat(held)
+                return False
+            except FileNotFoundError:
+                return True
+
+        assert wait_until(fstat_fails, timeout=LIVE_BOUND), "...and after SIGHUP still cached"
+    finally:
+        os.close(held)
+    assert (point / key_of(blobs[1])).read_bytes() == blobs[1]

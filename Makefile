@@ -88,6 +88,13 @@ bench: venv
 bench-full: venv
 	$(call BENCH_RUN,--full)
 
+# Workers: shardfs mounts with 1, 2, 4, 8 workers against squashfuse_ll on
+# the same 20,000 objects (bench/workers_bench.py; ARGS=--quick for ~1.5 min).
+.PHONY: bench-workers
+bench-workers: venv
+	mkdir -p bench/results && set -o pipefail && \
+	$(PY) bench/workers_bench.py $(ARGS) | tee bench/results/workers.log
+
 # Scale: 1,000 shards vs 1, mount start time, daemon memory (bench/scale_bench.py;
 # ARGS=--quick for about 3 minutes, default 10M objects).
 .PHONY: bench-scale

@@ -53,15 +53,22 @@ table of cold open+read+close.
 
 Usage (as root, from the checkout, venv built with `make venv`):
 
-    .venv/bin/python bench/workers_bench.py            # 20,000 objects, 5 s fio runs (~6-10 min on 2 cores)
-    .venv/bin/python bench/workers_bench.py --quick    # 5,000 objects, 2 s fio runs (~2-3 min)
+    .venv/bin/python bench/workers_bench.py          # 20,000 objects, 5 s fio runs,
+                                                     # 2 runs per cell (~6 min on 2 cores)
+    .venv/bin/python bench/workers_bench.py --quick  # 5,000 objects, 2 s fio runs,
+                                                     # 1 run per cell (~1.5 min)
 
-Other options: --workers 1,2,4,8 (worker counts measured), --count N,
---runtime S, --only MEASURE (repeatable), --no-workers-option (mount shardfs
+Every cell runs --repeat times (rounds over all targets, interleaved) and
+keeps the best figure (highest rate, lowest time). Other options:
+--workers 1,2,4,8 (worker counts measured), --count N, --runtime S,
+--only MEASURE (repeatable: cold-orc, warm-fio, rsync, cold-fio),
+--no-workers-option (mount shardfs
 without -o workers: for a shardfs that does not know the option; one shardfs
 row), --tmp-dir DIR (where the dataset, shard, image, mounts and rsync copies
 go: must be a real disk, default the system temporary directory), --out DIR
-(default bench/results). Writes workers.json and workers.md to --out and
+(default bench/results). PYTHONPATH=OTHER_CHECKOUT measures the shardfs of
+another tree (its extension built in place); it is recorded with the command.
+Writes workers.json and workers.md to --out and
 prints the tables and the goal lines. Exit status: 0 all ran, 1 some target
 or measure failed (recorded, the run goes on), 2 a required program is
 missing or not root.
@@ -407,6 +414,7 @@ class Bench:
         self.targets = targets
         self.work = work
         self.rows: List[dict] = []
+        self.row_of: Dict[Tuple[str, str, int], dict] = {}
         self.problems: List[str] = []
         self.run_id = 0
         rnd = random.Random(f"workers-bench:{args.seed}")
@@ -419,14 +427,6 @@ class Bench:
         text = f"{target.label}, {what}: {msg}"
         self.problems.append(text)
         log("workers_bench: " + text)
-
-    def add(self, row: dict) -> None:
-        self.rows.append(row)
-        fig = row.get("value")
-        extra = f" (error: {row['error']})" if row.get("error") else ""
-        shown = "ERROR" if fig is None else f"{fig:,.{row.get('digits', 0)}f} {row['unit']}"
-        cpu = f", daemon CPU {row['daemon_cpu_s']:.2f} s" if "daemon_cpu_s" in row else ""
-        log(f"[{row['measure']}] {row['target']} x{row['n']}: {shown}{cpu}{extra}")
 
     def fresh(self, target: Target) -> None:
         """The target mounted afresh (a new daemon), else an exception."""
@@ -529,34 +529,64 @@ class Bench:
 
     # -- the measures ------------------------------------------------------------
 
-    def guarded(self, target: Target, measure: str, n: int, unit: str, fn, digits: int = 0) -> None:
-        row = {"measure": measure, "target": target.key, "label": target.label,
-               "workers": target.workers, "n": n, "unit": unit, "digits": digits}
+    def guarded(self, target: Target, measure: str, n: int, unit: str, fn, digits: int = 0,
+                rep: int = 0) -> None:
+        """One run of `fn` (a measure of `target`) whose failure is recorded,
+        not raised; the target is unmounted afterwards. The row of (measure,
+        target, n) keeps the best of its runs (lowest time for seconds, else
+        highest rate) and the list of their figures."""
+        key = (measure, target.key, n)
+        row = self.row_of.get(key)
+        if row is None:
+            row = {"measure": measure, "target": target.key, "label": target.label,
+                   "workers": target.workers, "n": n, "unit": unit, "digits": digits,
+                   "value": None, "values": []}
+            self.row_of[key] = row
+            self.rows.append(row)
+        attempt: Optional[dict] = None
         if target.broken:
-            row.update(value=None, error=f"target unusable: {target.broken}")
+            error = f"target unusable: {target.broken}"
         else:
             try:
-                row.update(fn())
+                attempt = fn()
+                error = "" if attempt.get("value") is not None else "no figure"
             except (OSError, RuntimeError, ValueError, KeyError,
                     subprocess.SubprocessError) as exc:
-                row.update(value=None, error=str(exc))
-                self.problem(target, f"{measure} x{n}", str(exc))
+                error = str(exc)
+                self.problem(target, f"{measure} x{n} (run {rep + 1})", error)
             finally:
                 try:
                     target.umount()
                 except (OSError, subprocess.SubprocessError) as exc:
                     self.problem(target, "unmount", str(exc))
-        self.add(row)
+        if error:
+            row.setdefault("errors", []).append(error)
+        else:
+            row["values"].append(round(attempt["value"], 4))
+            if row["value"] is None or (attempt["value"] < row["value"] if unit == "s"
+                                        else attempt["value"] > row["value"]):
+                row.update(attempt)  # the best run's figures
+        if row["value"] is None:
+            row["error"] = row["errors"][0]
+        else:
+            row.pop("error", None)
+        shown = "ERROR" if error else f"{attempt['value']:,.{digits}f} {unit}"
+        cpu = f", daemon CPU {attempt['daemon_cpu_s']:.2f} s" \
+            if attempt and "daemon_cpu_s" in attempt else ""
+        log(f"[{measure}] {target.key} x{n} run {rep + 1}/{self.args.repeat}: {shown}{cpu}"
+            + (f" (error: {error})" if error else ""))
 
     def cold_orc(self) -> None:
-        for nreaders in READERS:
-            for t in self.targets:
-                self.guarded(t, "cold-orc", nreaders, "objects/s",
-                             lambda t=t, r=nreaders: self.read_all(t, r, cold=True))
+        for rep in range(self.args.repeat):
+            for nreaders in READERS:
+                for t in self.targets:
+                    self.guarded(t, "cold-orc", nreaders, "objects/s",
+                                 lambda t=t, r=nreaders: self.read_all(t, r, cold=True), rep=rep)
 
     def warm_fio(self) -> None:
-        for t in self.targets:
-            self.guarded(t, "warm-fio", 2, "IOPS", lambda t=t: self._warm_fio(t))
+        for rep in range(self.args.repeat):
+            for t in self.targets:
+                self.guarded(t, "warm-fio", 2, "IOPS", lambda t=t: self._warm_fio(t), rep=rep)
 
     def _warm_fio(self, target: Target) -> dict:
         self.fresh(target)
@@ -631,8 +661,9 @@ class Bench:
         return res
 
     def rsync(self) -> None:
-        for t in self.targets:
-            self.guarded(t, "rsync", 1, "s", lambda t=t: self._rsync(t), digits=2)
+        for rep in range(self.args.repeat):
+            for t in self.targets:
+                self.guarded(t, "rsync", 1, "s", lambda t=t: self._rsync(t), digits=2, rep=rep)
 
     def _rsync(self, target: Target) -> dict:
         dest = os.path.join(self.work, "rsync-dest")
@@ -666,10 +697,11 @@ class Bench:
             shutil.rmtree(dest, ignore_errors=True)
 
     def cold_fio(self) -> None:
-        for numjobs in COLD_FIO_JOBS:
-            for t in self.targets:
-                self.guarded(t, "cold-fio", numjobs, "objects/s",
-                             lambda t=t, n=numjobs: self._cold_fio(t, n))
+        for rep in range(self.args.repeat):
+            for numjobs in COLD_FIO_JOBS:
+                for t in self.targets:
+                    self.guarded(t, "cold-fio", numjobs, "objects/s",
+                                 lambda t=t, n=numjobs: self._cold_fio(t, n), rep=rep)
 
     def _cold_fio(self, target: Target, numjobs: int) -> dict:
         self.run_id += 1
@@ -903,6 +935,24 @@ def fs_type(path: str) -> str:
 # -------------------------------------------------------------------- main
 
 
+def source_state() -> str:
+    """The checkout's commit, and whether shardfs/ has uncommitted changes
+    (read-only git commands)."""
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip() or "?"
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "shardfs"],
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+    if dirty:
+        diff = subprocess.run(["git", "-C", ROOT, "diff", "HEAD", "--", "shardfs"],
+                              capture_output=True).stdout
+        commit += f" + uncommitted changes under shardfs/ (diff sha1 " \
+                  f"{hashlib.sha1(diff).hexdigest()[:10]})"
+    return commit
+
+
 def preflight(cli: str) -> List[str]:
     missing = []
     if os.geteuid() != 0:
@@ -924,7 +974,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         description=__doc__.split("\n\n")[0],
         epilog="Example: .venv/bin/python bench/workers_bench.py --quick")
     parser.add_argument("--quick", action="store_true",
-                        help="5,000 objects and 2 s fio runs (default: 20,000 and 5 s)")
+                        help="5,000 objects, 2 s fio runs, 1 run per cell (default: 20,000 "
+                             "objects, 5 s, 2 runs)")
     parser.add_argument("--count", type=int, help="objects in the dataset (overrides the mode's)")
     parser.add_argument("--runtime", type=float, help="seconds of the warm fio run")
     parser.add_argument("--workers", default="1,2,4,8",
@@ -935,6 +986,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "shardfs that does not know the option yet")
     parser.add_argument("--only", action="append", choices=MEASURES, default=[],
                         help="run only this measure (repeatable)")
+    parser.add_argument("--repeat", type=int,
+                        help="runs of every cell, the best kept (default 2; --quick: 1)")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="measure the committed HEAD, not the working tree: a copy "
+                             "(git archive) with its extension built, in the run's temporary "
+                             "directory, imported through PYTHONPATH (the code under test "
+                             "cannot change during the run)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds one measure of one target may take (default 300)")
@@ -945,6 +1003,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     count = args.count or (5000 if args.quick else 20000)
     args.runtime = args.runtime or (2.0 if args.quick else 5.0)
+    args.repeat = args.repeat or (1 if args.quick else 2)
+    if args.repeat < 1:
+        parser.error("--repeat: expected at least 1")
     measures = [m for m in MEASURES if not args.only or m in args.only]
     try:
         worker_counts = sorted({int(w) for w in args.workers.split(",") if w.strip()})
@@ -984,6 +1045,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     t_start = time.monotonic()
     load_start = os.getloadavg()
+    commit_start = source_state()
     work = tempfile.mkdtemp(prefix="shardfs-workers-bench-", dir=args.tmp_dir)
     targets: List[Target] = []
     prep: Optional[Target] = None
@@ -994,6 +1056,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench: Optional[Bench] = None
     ds: Optional[Dataset] = None
     try:
+        if args.snapshot:
+            tree = os.path.join(work, "tree")
+            os.makedirs(tree)
+            log(f"workers_bench: snapshot of HEAD ({commit_start.split()[0]}) in {tree} ...")
+            archive = subprocess.run(["git", "-C", ROOT, "archive", "HEAD"], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                           cwd=tree, check=True, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL)
+            os.environ["PYTHONPATH"] = tree  # the shardfs command and its daemons
+            where = subprocess.run([sys.executable, "-c", "import shardfs; print(shardfs.__file__)"],
+                                   capture_output=True, text=True, cwd="/").stdout.strip()
+            if not where.startswith(tree + os.sep):
+                raise OSError(f"the snapshot is not what gets imported ({where})")
+            commit_start = commit_start.split()[0] + " (snapshot of HEAD: git archive)"
         src = os.path.join(work, "objects")
         os.makedirs(src)
         os.makedirs(os.path.join(work, "runs"))
@@ -1106,16 +1184,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     load = {"start": [round(x, 2) for x in load_start],
             "end": [round(x, 2) for x in os.getloadavg()]}
-    try:  # read-only git commands
-        shardfs_commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                        capture_output=True, text=True).stdout.strip() or "?"
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "shardfs"],
-                               capture_output=True, text=True).stdout.strip()
-        if dirty:
-            shardfs_commit += " with uncommitted changes under shardfs/"
-    except OSError:
-        shardfs_commit = "?"
-    if pythonpath:
+    shardfs_commit = commit_start if args.snapshot else source_state()
+    if shardfs_commit != commit_start:
+        shardfs_commit = f"{commit_start} at the start, {shardfs_commit} at the end (the code " \
+                         "under test changed during the run: later mounts ran the newer code)"
+    if pythonpath and not args.snapshot:
         shardfs_commit += f" (PYTHONPATH={pythonpath}: shardfs imported from there first)"
     dataset = {"objects": len(ds.names) if ds else 0, "bytes": ds.total_bytes if ds else 0,
                "sizes": "1..4096 B uniform, random bytes", "seed": args.seed,
@@ -1126,7 +1199,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(os.path.join(args.out, "workers.json"), "w") as f:
         json.dump({"command": command, "date": now, "machine": mach, "commit": shardfs_commit,
                    "tmp_dir_fs": kind, "wall_s": round(wall, 1), "loadavg": load,
-                   "fio_runtime_s": args.runtime, "default_workers": default_workers,
+                   "fio_runtime_s": args.runtime, "repeat": args.repeat,
+                   "default_workers": default_workers,
                    "no_workers_option": args.no_workers_option, "dataset": dataset,
                    "targets": [{"key": t.key, "label": t.label, "workers": t.workers,
                                 "mount": " ".join(t.mount_cmd).replace(work, "$TMP"),
@@ -1149,9 +1223,28 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"least 2)" + (" — **run with --no-workers-option: shardfs mounted without -o "
                          "workers=**" if args.no_workers_option else "") + ".", "",
           "Cold = the target unmounted and mounted afresh, then `sync; echo 3 > "
-          "/proc/sys/vm/drop_caches`, right before the clock starts. One run per cell. See "
+          "/proc/sys/vm/drop_caches`, right before the clock starts. "
+          f"{args.repeat} run{'s' if args.repeat > 1 else ''} per cell (interleaved: each "
+          "round measures every target in turn), the best kept (highest rate, lowest time); "
+          "workers.json lists every run's figure. See "
           "the docstring of bench/workers_bench.py for each measure.", "",
           "## Goals", "", "```"] + goal_lines + ["```", "", "## Results", ""] + table_lines
+    notes = ["Daemon CPU = user + system seconds of the processes serving the mount (shardfs: "
+             "the coordinator and its workers; squashfuse_ll: its one process) while the "
+             "figure was taken: for cold-orc and rsync from the start signal to the end "
+             "(the fresh daemon's start-up not included); for warm-fio and cold-fio the whole "
+             "fio run, its setup included (fio opens every file, warm, or stats every file, "
+             "cold); in cold-fio the daemon mounted by fio's prerun counts whole, its "
+             "start-up included."]
+    open_rows = [r for r in bench.rows if r["measure"] == "warm-fio" and r.get("openfiles")]
+    if open_rows and ds and min(r["openfiles"] for r in open_rows) < len(ds.names):
+        n_open = min(r["openfiles"] for r in open_rows)
+        notes.append(f"warm-fio: each fio job kept {n_open:,} of the {len(ds.names):,} files "
+                     f"open (--openfiles; the open-file hard limit is "
+                     f"{resource.getrlimit(resource.RLIMIT_NOFILE)[1]:,} and cannot be "
+                     "raised without CAP_SYS_RESOURCE), so a few files are opened again "
+                     "during the run.")
+    md += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     if bench.problems:
         md += ["", "## Problems seen", ""] + [f"- {p}" for p in bench.problems]
     md.append("")

@@ -71,6 +71,9 @@ MAX_RESTARTS = 5
 RESTART_WINDOW = 10.0
 #: Seconds workers get to leave after the unmount before being killed.
 STOP_GRACE = 2.0
+#: Names of a removed shard invalidated per turn of the loop (the loop
+#: keeps turning, without waiting, until all are done).
+FORGET_BATCH = 4096
 
 _EXIT_CACHE_DIR = 3  # a sidecar builder's exit status: the cache directory failed
 
@@ -142,6 +145,8 @@ class Coordinator:
         self._rescan_at: Optional[float] = None
         self._check_all = False
         self._dirty: Set[str] = set()  # paths of served shards written to
+        #: Removed shards whose names the kernel may still cache: [member, next slot].
+        self._forget: List[list] = []
         self._stopping = False
         self._ended = False
         self._mounted = False
@@ -340,7 +345,7 @@ class Coordinator:
                 return 0
             if self._stopping:
                 return 0 if interrupts else 1
-            timeout = 1.0
+            timeout = 0.0 if self._forget else 1.0
             if self._rescan_at is not None:
                 timeout = max(0.0, min(timeout, self._rescan_at - time.monotonic()))
             for fd, _ in poller.poll(int(timeout * 1000)):
@@ -367,6 +372,7 @@ class Coordinator:
             if self._rescan_at is not None and time.monotonic() >= self._rescan_at:
                 self._rescan_at = None
                 self._follow()
+            self._forget_names()
             self._close_unused()
             self._start_builder()
 
@@ -434,6 +440,7 @@ class Coordinator:
             self._publish()
             for member in gone:
                 self._removed_at[member.number] = (self.state.sequence, time.monotonic())
+                self._forget.append([member, 0])
         dirty = [m for m in self.shards.served() if self._check_all or m.path in self._dirty]
         self._dirty.clear()
         self._check_all = False
@@ -482,6 +489,37 @@ class Coordinator:
         if found:
             log.info("%s: %d object(s) deleted: invalidated in the kernel", member.path, len(found))
 
+    def _forget_names(self) -> None:
+        """Invalidate in the kernel the names of the objects of removed
+        shards (cached for a year), FORGET_BATCH at a time: the next access
+        to such a name asks the workers again, who answer from the shards
+        served now (another copy, the new file of a replaced shard, or no
+        such object)."""
+        import pyfuse3
+
+        if not self._forget:
+            return
+        item = self._forget[0]
+        member, first = item
+        budget = FORGET_BATCH
+        try:
+            for slot, key, _, _ in member.shard.scan(first, FORGET_BATCH, on_corrupt=lambda n: None):
+                name = key.hex()
+                for parent in self.fs.layout.parents_of(name):
+                    try:
+                        pyfuse3.invalidate_entry(parent, name.encode("ascii"))
+                    except OSError as exc:
+                        if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not have it
+                            raise
+                item[1] = slot + 1
+                budget -= 1
+                if budget <= 0:
+                    return
+        except (OSError, ValueError) as exc:
+            log.warning("%s: cannot invalidate the names of its objects: %s", member.path, exc)
+        self._forget.pop(0)
+        log.debug("names of shard %s (number %d) invalidated", member.path, member.number)
+
     # ----------------------------------------------------- shard lifetime
 
     def _reserved(self, number: int) -> bool:
@@ -499,10 +537,13 @@ class Coordinator:
         busy = [self.state.busy_with(p) for p in self._positions.values()]
         now = time.monotonic()
         closed = False
+        forgetting = {item[0].number for item in self._forget}
         for number, (seq, when) in list(self._removed_at.items()):
             member = self.shards.get(number)
             if member is None:
                 del self._removed_at[number]
+                continue
+            if number in forgetting:
                 continue
             if now - when < CLOSE_GRACE or any(0 < b < seq for b in busy):
                 continue

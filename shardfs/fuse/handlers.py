@@ -30,11 +30,12 @@ listing, may each reach another process:
 * What the handlers must tell the process that runs them (a request began
   or ended, a file was opened or released) goes through `RequestHooks`.
 
-Caching by the kernel: objects and directories keep their attributes for
-`CACHE_TIMEOUT` (a year; what changes an object in place is a takedown, and
-the coordinator invalidates those inodes), names and negative names for
-`ENTRY_TIMEOUT` only, so that a shard replaced or added under the mount is
-seen within that bound. Objects up to `PUSH_BYTES` are pushed into the
+Caching by the kernel: names, objects and directories are cached for
+`CACHE_TIMEOUT` (a year: what changes an object in place is a takedown, and
+the coordinator invalidates those inodes; the names of a shard that is
+removed or replaced are invalidated by the coordinator too); the absence
+of a name only for `ENTRY_TIMEOUT`, so that a shard added under the mount
+is seen within that bound. Objects up to `PUSH_BYTES` are pushed into the
 kernel's page cache at open (``notify_store``), so reading them sends no
 READ request; ``keep_cache`` keeps those pages between opens.
 
@@ -68,9 +69,9 @@ log = logging.getLogger("shardfs.fuse")
 #: the inode. One year ("forever" in practice).
 CACHE_TIMEOUT = 365 * 86400.0
 
-#: Seconds the kernel may cache an object's name, or the absence of a name:
-#: the bound within which a shard replaced in place, added or removed is
-#: seen through names the kernel had already resolved.
+#: Seconds the kernel may cache the absence of a name: the bound within
+#: which the objects of a shard added under the mount are seen through
+#: names the kernel had looked up before.
 ENTRY_TIMEOUT = 1.0
 
 #: Objects up to this many bytes are pushed into the kernel's page cache
@@ -255,12 +256,11 @@ class ShardFS(pyfuse3.Operations):
 
     # ------------------------------------------------------------ helpers
 
-    def _attr(self, inode: int, mode: int, nlink: int, size: int, time_ns: int,
-              entry_timeout: float = CACHE_TIMEOUT) -> pyfuse3.EntryAttributes:
+    def _attr(self, inode: int, mode: int, nlink: int, size: int, time_ns: int) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = inode
         attr.generation = 0
-        attr.entry_timeout = entry_timeout
+        attr.entry_timeout = CACHE_TIMEOUT
         attr.attr_timeout = CACHE_TIMEOUT
         attr.st_mode = mode
         attr.st_nlink = nlink
@@ -278,7 +278,7 @@ class ShardFS(pyfuse3.Operations):
         return self._attr(inode, stat.S_IFDIR | 0o555, 2, 0, self._dir_time_ns)
 
     def _file_attr(self, inode: int, size: int, member: MountedShard) -> pyfuse3.EntryAttributes:
-        return self._attr(inode, stat.S_IFREG | 0o444, 1, size, _ns(member.shard.mtime), ENTRY_TIMEOUT)
+        return self._attr(inode, stat.S_IFREG | 0o444, 1, size, _ns(member.shard.mtime))
 
     def _negative_entry(self) -> pyfuse3.EntryAttributes:
         """A lookup answer that makes the kernel cache "no such name"."""
@@ -562,7 +562,7 @@ class ShardFS(pyfuse3.Operations):
                 if is_dir:
                     attr = self._dir_attr(inode)
                 else:
-                    attr = self._attr(inode, stat.S_IFREG | 0o444, 1, size, time_ns, ENTRY_TIMEOUT)
+                    attr = self._attr(inode, stat.S_IFREG | 0o444, 1, size, time_ns)
                 if not pyfuse3.readdir_reply(token, name, attr, next_id):
                     # Kernel buffer full: keep the rest for the next call.
                     if flat:

@@ -134,6 +134,15 @@ class Layout:
                 return (depth, inode - base)
         return None
 
+    def parents_of(self, name: str) -> Tuple[int, ...]:
+        """Inodes of the directories where the object named `name` (64 hex
+        characters) can be looked up: the root, and its leaf directory in a
+        fan-out layout."""
+        if self.is_flat:
+            return (ROOT_INODE,)
+        n = self.prefix_len(self.depth)
+        return (ROOT_INODE, self.dir_inode(self.depth, int(name[:n], 16)))
+
     def child_name(self, depth: int, prefix: int) -> bytes:
         """Name of the directory at `depth` spelling `prefix` (its last
         slice, lowercase hex)."""

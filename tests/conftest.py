@@ -5,9 +5,11 @@ set, is the worker count of every mount the tests make (``make test`` runs
 the mounting suites with the default and with 1)."""
 
 import os
+import shutil
+import time
 
 import pytest
-from mounting import Mounter
+from mounting import Mounter, run
 
 
 @pytest.fixture
@@ -24,6 +26,29 @@ def module_mounter():
     m = Mounter()
     yield m
     m.cleanup()
+
+
+@pytest.fixture
+def loop_device(tmp_path):
+    """A read-write loop device over a 16 MiB sparse image (detached after)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for losetup")
+    if shutil.which("losetup") is None:
+        pytest.skip("needs losetup")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    proc = run(["losetup", "--find", "--show", image])
+    if proc.returncode != 0:
+        pytest.skip(f"cannot attach a loop device: {proc.stderr.strip()}")
+    dev = proc.stdout.strip()
+    yield dev
+    for _ in range(50):  # the mount may take a moment to let go of it
+        if run(["losetup", "-d", dev]).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"could not detach {dev}")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -23,7 +23,6 @@ import signal
 import stat
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 from typing import Dict, List
 

@@ -798,29 +798,6 @@ def test_shardfs_ls_as_rsync_files_from(hundred_k, trio, trio_flat, tmp_path):
 # ------------------------------------------------------------- 7. block devices
 
 
-@pytest.fixture
-def loop_device(tmp_path):
-    """A read-write loop device over a 16 MiB sparse image (detached after)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root for losetup")
-    if shutil.which("losetup") is None:
-        pytest.skip("needs losetup")
-    image = tmp_path / "disk.img"
-    with open(image, "wb") as f:
-        f.truncate(16 << 20)
-    proc = run(["losetup", "--find", "--show", image])
-    if proc.returncode != 0:
-        pytest.skip(f"cannot attach a loop device: {proc.stderr.strip()}")
-    dev = proc.stdout.strip()
-    yield dev
-    for _ in range(50):  # the mount may take a moment to let go of it
-        if run(["losetup", "-d", dev]).returncode == 0:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"could not detach {dev}")
-
-
 def test_shard_on_a_loop_device(loop_device, mounter, tmp_path):
     files = tmp_path / "files"
     files.mkdir()

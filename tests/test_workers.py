@@ -11,8 +11,6 @@ or the coordinator leaves no reader hanging and no process behind.
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
 import random
@@ -80,6 +78,15 @@ def test_default_worker_count_and_workers_option(mixed, mounter, tmp_path):
         assert proc.returncode != 0 and "workers" in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
         assert not mounted(tmp_path / "bad")
+
+
+def _fstat_fails(fd: int) -> bool:
+    """True once fstat(fd) of a mounted object answers ENOENT."""
+    try:
+        os.fstat(fd)
+        return False
+    except FileNotFoundError:
+        return True
 
 
 def _reader(point: Path, objects: dict, keys: list, seed: int, seconds: float, errors: list, counts: list) -> None:
@@ -298,15 +305,9 @@ def test_takedown_reaches_the_mount(mounter, tmp_path, layout):
         with pytest.raises(FileNotFoundError):
             (where / victim).read_bytes()  # OPEN reads the slot: refused at once
 
-        def fstat_fails() -> bool:
-            try:
-                os.fstat(held)
-                return False
-            except FileNotFoundError:
-                return True
-
         # Only an invalidation by the mount drops attributes cached for a year.
-        assert wait_until(fstat_fails, timeout=LIVE_BOUND), "the kernel still has the object's attributes"
+        assert wait_until(lambda: _fstat_fails(held), timeout=LIVE_BOUND), \
+            "the kernel still has the object's attributes"
         with pytest.raises(OSError):
             os.pread(held, 100, 0)  # its cached pages are gone too
     finally:
@@ -398,27 +399,6 @@ def test_requests_per_cold_object(mixed, mounter, tmp_path):
     assert requests(point).get("read", 0) > 0
 
 
-@pytest.fixture
-def loop_device(tmp_path):
-    """A read-write loop device over a 16 MiB sparse image (detached after)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root for losetup")
-    image = tmp_path / "disk.img"
-    with open(image, "wb") as f:
-        f.truncate(16 << 20)
-    proc = run(["losetup", "--find", "--show", image])
-    if proc.returncode != 0:
-        pytest.skip(f"cannot attach a loop device: {proc.stderr.strip()}")
-    dev = proc.stdout.strip()
-    yield dev
-    for _ in range(50):  # the mount may take a moment to let go of it
-        if run(["losetup", "-d", dev]).returncode == 0:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"could not detach {dev}")
-
-
 def test_takedown_on_a_block_device_after_sighup(mounter, tmp_path, loop_device):
     """A shard on a block device: `shardfs delete DEVICE KEY` on this host
     refuses new opens at once; after SIGHUP the object's cached attributes
@@ -443,14 +423,7 @@ def test_takedown_on_a_block_device_after_sighup(mounter, tmp_path, loop_device)
         os.fstat(held)  # no event for a device: still cached...
         os.kill(daemon_pids(point)[0], signal.SIGHUP)
 
-        def fstat_fails() -> bool:
-            try:
-                os.fstat(held)
-                return False
-            except FileNotFoundError:
-                return True
-
-        assert wait_until(fstat_fails, timeout=LIVE_BOUND), "...and after SIGHUP still cached"
+        assert wait_until(lambda: _fstat_fails(held), timeout=LIVE_BOUND), "...and after SIGHUP still cached"
     finally:
         os.close(held)
     assert (point / key_of(blobs[1])).read_bytes() == blobs[1]

@@ -55,7 +55,7 @@ import math
 import os
 import stat
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pyfuse3
 

@@ -37,7 +37,6 @@ import time
 from typing import IO, TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:  # imported lazily at run time: pyfuse3 and trio are heavy
-    from shardfs.fuse.handlers import ShardFS
     from shardfs.fuse.layout import Layout
     from shardfs.fuse.shardset import ShardSet
 

@@ -43,7 +43,7 @@ from typing import Any, Dict, Optional
 from shardfs import Shard
 from shardfs import sidecar as sidecar_mod
 from shardfs.fuse.handlers import RequestHooks, ShardFS
-from shardfs.fuse.shardset import ShardSet, _ident
+from shardfs.fuse.shardset import ShardSet
 from shardfs.fuse.shared import ACTIVE, LOOKUPS, PID, PROBES, SharedState
 
 log = logging.getLogger("shardfs.fuse")

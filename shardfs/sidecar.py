@@ -93,7 +93,9 @@ def identity(shard: Shard) -> bytes:
     slot count, the first min(4096, hash_size) bytes of the hash section and
     the first and last min(4096, index_size) bytes of the index.
 
-    At most ~12 KiB are read (with os.pread), whatever the shard's size. Two
+    At most ~12 KiB are read (with os.pread on the shard's own descriptor:
+    the very file it maps, even if its path now names another), whatever
+    the shard's size. Two
     shards with the same identity are, for all practical purposes, the same
     shard (their perfect hashes agree); a copy of a shard has the identity
     of the original. OSError when the file cannot be read.
@@ -101,15 +103,12 @@ def identity(shard: Shard) -> bytes:
     header = shard.header
     probe_hash = min(_PROBE, shard.hash_size)
     probe_index = min(_PROBE, header.index_size)
-    fd = os.open(shard.path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        head = _pread(fd, 88, 0, shard.path)
-        hash_head = _pread(fd, probe_hash, header.hash_position, shard.path)
-        index_head = _pread(fd, probe_index, header.index_position, shard.path)
-        index_tail = _pread(fd, probe_index,
-                            header.index_position + header.index_size - probe_index, shard.path)
-    finally:
-        os.close(fd)
+    fd = shard.fileno()
+    head = _pread(fd, 88, 0, shard.path)
+    hash_head = _pread(fd, probe_hash, header.hash_position, shard.path)
+    index_head = _pread(fd, probe_index, header.index_position, shard.path)
+    index_tail = _pread(fd, probe_index,
+                        header.index_position + header.index_size - probe_index, shard.path)
     digest = hashlib.sha256(_IDENTITY_TAG)
     digest.update(head)
     digest.update(shard.slot_count.to_bytes(8, "little"))

@@ -165,12 +165,13 @@ static int read_failed(const index_t *ix, const char *what, uint64_t offset, int
                     (unsigned long long)offset, strerror(e));
 }
 
-/* Open the shard's path again and check that it still holds the opened
- * shard: a regular file or block device at least as long as the index's
- * end, whose 88-byte header is the one sfs_open() validated. (sfs_open's
- * descriptor is not visible here; the Python layer reads the identity
- * through the path too. A file replaced at the path by one with the same
- * header is not told apart: its index is read.) */
+/* Open the shard's file again, through its own descriptor
+ * (/proc/self/fd/N: a file description of our own, with its own read-ahead
+ * state, of the very file sfs_open() mapped, even if the path now names
+ * another file; the path itself where /proc is missing), and check that it
+ * still holds the opened shard: a regular file or block device at least as
+ * long as the index's end, whose 88-byte header is the one sfs_open()
+ * validated. */
 static int index_open(index_t *ix, const sfs_shard_t *shard, sfs_error_t *err)
 {
     const sfs_header_t *h = sfs_header(shard);
@@ -178,7 +179,11 @@ static int index_open(index_t *ix, const sfs_shard_t *shard, sfs_error_t *err)
     ix->position = h->index_position;
     ix->slots = sfs_slot_count(shard);
     ix->advised = 0;
-    ix->fd = open(ix->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    char self_fd[40];
+    snprintf(self_fd, sizeof(self_fd), "/proc/self/fd/%d", sfs_fd(shard));
+    ix->fd = open(self_fd, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (ix->fd < 0 && errno == ENOENT)
+        ix->fd = open(ix->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (ix->fd < 0)
         return sfs_fail(err, SFS_EIO, errno, "%s: reopening the shard to read its index: %s",
                         ix->path, strerror(errno));

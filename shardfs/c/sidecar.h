@@ -84,9 +84,11 @@ uint64_t sfs_sidecar_file_size(unsigned p, uint64_t n);
 
 /* Build the sidecar of `shard` at `path`, stamped with `identity`.
  * Reads the index twice with pread through a descriptor of its own (the
- * shard's path opened again, its 88-byte header checked against the open
- * shard's; never through the mapping, so a shrinking shard cannot raise
- * SIGBUS): pass 1 counts the live slots per bucket (a slot whose offset is
+ * shard's file opened again through /proc/self/fd/<sfs_fd(shard)>, so the
+ * very file that was opened even if its path was renamed over or removed
+ * since; the path where /proc is missing; its 88-byte header checked
+ * against the open shard's; never through the mapping, so a shrinking
+ * shard cannot raise SIGBUS): pass 1 counts the live slots per bucket (a slot whose offset is
  * SFS_EMPTY_OFFSET, empty or deleted, is skipped) and makes the directory,
  * pass 2 places each entry in its bucket; buckets are then sorted by the top
  * 64 bits of the key, ties by slot. If the two passes disagree (a delete ran
@@ -97,8 +99,9 @@ uint64_t sfs_sidecar_file_size(unsigned p, uint64_t n);
  * unsupported). Memory: about 8 bytes per live key plus the directory (0.5
  * to 1 byte per key) plus 1 MiB, freed on return.
  * Returns SFS_OK; SFS_EIO with errno in err: a missing or unwritable
- * directory, ENOSPC, EROFS...; ESTALE when the path no longer names the open
- * shard, ENOENT when it is gone, EAGAIN when the index kept changing; or
+ * directory, ENOSPC, EROFS...; ESTALE when the file no longer holds the
+ * open shard (its header was overwritten), EIO when it shrank, EAGAIN when
+ * the index kept changing; or
  * SFS_ENOMEM. On error nothing is left at `path` or beside it. */
 int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
                       const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE], sfs_error_t *err);

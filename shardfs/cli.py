@@ -651,10 +651,12 @@ def build_parser() -> argparse.ArgumentParser:
         "mount shards read-only as one tree (FUSE)",
         "Mount the SHARDs (files or block devices) and/or every shard of\n"
         "--shard-dir read-only at MOUNTPOINT through FUSE. Each object is a file\n"
-        "named by its 64-hex key; a key in several shards shows once. With\n"
-        "--shard-dir, shards added to or removed from the directory show within\n"
-        "seconds (inotify; SIGHUP forces a rescan). Runs in the background\n"
-        "unless -f; unmount with 'shardfs umount MOUNTPOINT'.\n"
+        "named by its 64-hex key; a key in several shards shows once. Shards\n"
+        "added to or removed from --shard-dir, replaced in place, or objects\n"
+        "deleted (shardfs delete) show within seconds (inotify; SIGHUP forces a\n"
+        "rescan). Served by a coordinator and worker processes (-o workers=N,\n"
+        "default: the CPUs, at least 2). Runs in the background unless -f;\n"
+        "unmount with 'shardfs umount MOUNTPOINT'.\n"
         "\n"
         "Layouts: 'flat' lists every object at the root; 'fanout' lists\n"
         "directories sliced from the key (--slicing 0:2/2:4 gives ab/cd/<key>);\n"
@@ -665,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
         "is built in the background on first mount and kept in --cache-dir.\n"
         "\n"
         "-o takes FUSE options (allow_other, default_permissions, fsname=...),\n"
-        "uid=N and gid=N (owner of every file), layout=, slicing=, cache_dir=.\n"
+        "uid=N and gid=N (owner of every file), layout=, slicing=, cache_dir=,\n"
+        "workers=N (1 to 64).\n"
         "The mount is always ro,nosuid,nodev. As an fstab line (mount.fuse3\n"
         "runs 'shardfs SOURCE MOUNTPOINT -o OPTIONS'; a directory SOURCE is a\n"
         "--shard-dir):\n"
@@ -675,6 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  shardfs mount --shard-dir /srv/shards --layout fanout /mnt/shards\n"
         "  shardfs mount -f --log-file fuse.log my.shard /mnt/shard\n"
         "  shardfs mount -o allow_other,uid=1000,gid=1000 my.shard /mnt/shard\n"
+        "  shardfs mount -o workers=4 my.shard /mnt/shard\n"
         "  mount -t fuse.shardfs -o ro,allow_other /srv/shards /mnt/shards\n",
     )
     # One positional list, SHARD... MOUNTPOINT (split in cmd_mount), so that

@@ -93,6 +93,7 @@ bench-full: venv
 .PHONY: bench-workers
 bench-workers: venv
 	mkdir -p bench/results && set -o pipefail && \
+	$(PIP) install -q -e '.[test,bench]' && \
 	$(PY) bench/workers_bench.py $(ARGS) | tee bench/results/workers.log
 
 # Scale: 1,000 shards vs 1, mount start time, daemon memory (bench/scale_bench.py;

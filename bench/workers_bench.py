@@ -1247,6 +1247,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     md += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     if bench.problems:
         md += ["", "## Problems seen", ""] + [f"- {p}" for p in bench.problems]
+    png = plot(os.path.join(args.out, "workers.png"), bench.rows, targets)
+    if png:
+        md += ["", f"![cold open+read+close and the other measures, x squashfuse_ll]({os.path.basename(png)})"]
     md.append("")
     with open(os.path.join(args.out, "workers.md"), "w") as f:
         f.write("\n".join(md))
@@ -1256,6 +1259,55 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(line)
     log(f"workers_bench: wrote {args.out}/workers.json and workers.md ({wall:.0f} s in all)")
     return 1 if bench.problems else 0
+
+
+def plot(path: str, rows: List[dict], targets: list) -> Optional[str]:
+    """workers.png: cold open+read+close by readers for every target, and
+    every other measure as a ratio to squashfuse_ll. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: no workers.png (pip install matplotlib)")
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for t in targets:
+        pts = sorted((r["n"], r["value"]) for r in rows
+                     if r["measure"] == "cold-orc" and r["target"] == t.key and r.get("value"))
+        if pts:
+            left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=t.label,
+                      linestyle="--" if t.workers is None else "-")
+    left.set_xscale("log", base=2)
+    left.set_xticks([1, 4, 16], ["1", "4", "16"])
+    left.set_xlabel("readers")
+    left.set_ylabel("objects/s")
+    left.set_title("cold open+read+close, 20,000 objects of 1 B-4 KiB")
+    left.legend(fontsize=8)
+    measures = [("warm-fio", 2, "warm fio\n(IOPS)", False), ("rsync", 1, "rsync -a\n(1 / time)", True),
+                ("cold-fio", 1, "cold fio\n1 job", False), ("cold-fio", 16, "cold fio\n16 jobs", False)]
+    base = {(r["measure"], r["n"]): r["value"] for r in rows
+            if r["target"] == "squashfuse_ll" and r.get("value")}
+    shard_targets = [t for t in targets if t.key != "squashfuse_ll"]
+    width = 0.8 / max(1, len(shard_targets))
+    for i, t in enumerate(shard_targets):
+        ratios = []
+        for measure, n, _, inverse in measures:
+            row = next((r for r in rows if r["measure"] == measure and r["n"] == n
+                        and r["target"] == t.key and r.get("value")), None)
+            ref = base.get((measure, n))
+            ratios.append((ref / row["value"] if inverse else row["value"] / ref) if row and ref else 0)
+        right.bar([j + i * width for j in range(len(measures))], ratios, width, label=t.label)
+    right.axhline(1.0, color="black", linewidth=0.8)
+    right.set_xticks([j + 0.4 - width / 2 for j in range(len(measures))], [m[2] for m in measures])
+    right.set_ylabel("x squashfuse_ll (higher is better)")
+    right.set_title("shardfs / squashfuse_ll")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

@@ -161,7 +161,9 @@ class Coordinator:
         import pyfuse3
 
         from shardfs import ShardError
+        from shardfs.fuse import inline
 
+        inline.install()  # before init(): the workers serve without an event loop
         try:
             pyfuse3.init(self.fs, self.mountpoint, set(self.options))
         except RuntimeError as exc:

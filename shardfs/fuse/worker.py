@@ -12,12 +12,12 @@ filesystem and the shard set as they were then. A worker:
    dies, the kernel answers the requests it held with an error
    (ECONNABORTED) instead of leaving their callers waiting for ever, and
    the other workers keep serving;
-3. runs ``pyfuse3.main`` with one task: any worker may take any request,
-   and several workers reading the connection at once is where the
-   concurrency comes from. Since another worker may take the request that
-   woke this one, this worker may block in ``read(2)``: it must never wait
-   for its own event loop (no threads awaited), so handlers do their I/O
-   inline.
+3. runs ``pyfuse3.main`` with one task and no event loop
+   (`shardfs.fuse.inline`): it blocks in ``read(2)`` on its descriptor
+   until the kernel hands it a request, serves it, replies, and reads
+   again. Any worker may take any request; several workers reading the
+   connection at once is where the concurrency comes from. Handlers do
+   their I/O inline (no threads to await).
 
 Before each request, `WorkerHooks.begin` brings the worker's shard set up to
 date with the table the coordinator publishes (`shardfs.fuse.shared`) when
@@ -184,29 +184,6 @@ def _die_with(coordinator: int) -> None:
         os._exit(1)
 
 
-def _read_without_polling(trio: Any) -> None:
-    """Make pyfuse3's loop go straight to its blocking read of the FUSE
-    device instead of first waiting (epoll) for it to be readable.
-
-    pyfuse3 calls ``trio.lowlevel.wait_readable(fd)`` and then a blocking
-    read. With several workers on one connection, every request makes all
-    the workers waiting in epoll runnable (poll wake-ups are not
-    exclusive); one takes the request, the others block in read: CPU spent
-    for nothing on every request. A process blocked in read(2) on a FUSE
-    device is woken alone (exclusive wait), so this halves the worker CPU
-    per request with 2 workers (measured in bench/workers_bench.py). A
-    worker has nothing else to wait for (no threads, no other task), so
-    blocking in read is what it should do. Only the attribute pyfuse3 looks
-    up is replaced, in the worker process only; trio's own I/O does not go
-    through it.
-    """
-
-    async def ready(fd: int) -> None:
-        return None
-
-    trio.lowlevel.wait_readable = ready
-
-
 def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordinator: int,
         close_fds: "tuple[int, ...]" = ()) -> None:
     """Body of a freshly forked worker; never returns (exits the process:
@@ -231,11 +208,11 @@ def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordin
         hooks.sync()
 
         import pyfuse3
-        import trio
 
-        _read_without_polling(trio)
+        from shardfs.fuse import inline
+
         log.debug("worker %d (position %d) serving", os.getpid(), position)
-        trio.run(pyfuse3.main, 1, 1)
+        inline.serve(pyfuse3.main, 1, 1)
         status = 0
     except OSError as exc:
         if exc.errno not in (errno.ENODEV, errno.ECONNABORTED):

@@ -632,4 +632,7 @@ class Coordinator:
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
+        if self.state is not None:
+            self.state.close()
+            self.state = None
         self.fs.close()

@@ -54,7 +54,7 @@ _HEADER_WORDS = 512  # [0] table sequence, [1] table length in bytes
 _SEQ, _TABLE_LEN = 0, 1
 ROW_WORDS = 64
 # Row layout.
-PID, ACTIVE, LOOKUPS, PROBES = 0, 1, 2, 3
+ACTIVE, LOOKUPS, PROBES = 1, 2, 3
 KINDS = 8
 
 
@@ -163,10 +163,6 @@ class SharedState:
     def busy_with(self, position: int) -> int:
         """The table sequence worker `position` serves a request under, 0 when idle."""
         return self.words[self.row(position) + ACTIVE]
-
-    def pids(self) -> List[int]:
-        """The pid last recorded by each worker position (0: never started)."""
-        return [self.words[self.row(p) + PID] for p in range(self.workers)]
 
     def close(self) -> None:
         """Unmap (after every view of it is gone)."""

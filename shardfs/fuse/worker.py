@@ -44,7 +44,7 @@ from shardfs import Shard
 from shardfs import sidecar as sidecar_mod
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.fuse.shardset import ShardSet
-from shardfs.fuse.shared import ACTIVE, LOOKUPS, PID, PROBES, SharedState
+from shardfs.fuse.shared import ACTIVE, LOOKUPS, PROBES, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -105,7 +105,6 @@ class WorkerHooks(RequestHooks):
     def start(self) -> None:
         """Take over the row (a replacement keeps counting from the totals
         of the worker it replaces)."""
-        self.words[self.row + PID] = os.getpid()
         self.words[self.row + ACTIVE] = 0
         self.base_lookups = self.words[self.row + LOOKUPS] - self.shards.lookups
         self.base_probes = self.words[self.row + PROBES] - self.shards.probes

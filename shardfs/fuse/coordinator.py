@@ -135,7 +135,7 @@ class Coordinator:
         self.session_fd = -1
         self._positions: Dict[int, int] = {}  # worker pid -> position
         self._restarts: Dict[int, List[float]] = {}
-        self._builder: Optional[tuple] = None  # (pid, member)
+        self._builder: Optional[tuple] = None  # (pid, member, directory)
         self._removed_at: Dict[int, tuple] = {}  # number -> (sequence, monotonic time)
         self._deleted: Dict[int, Set[int]] = {}  # number -> slots found deleted
         self._signals: List[int] = []
@@ -472,16 +472,17 @@ class Coordinator:
             return
         known = self._deleted.setdefault(member.number, set())
         found = []
-        for slot in sc.slots(0, sc.count):
-            if slot in known:
-                continue
-            try:
-                live = member.shard.slot(slot) is not None
-            except Exception:  # a corrupt slot: leave it to the readers (EIO)
-                continue
-            if not live:
-                known.add(slot)
-                found.append(slot)
+        for begin in range(0, sc.count, 65536):  # bounded memory for huge shards
+            for slot in sc.slots(begin, min(begin + 65536, sc.count)):
+                if slot in known:
+                    continue
+                try:
+                    live = member.shard.slot(slot) is not None
+                except Exception:  # a corrupt slot: leave it to the readers (EIO)
+                    continue
+                if not live:
+                    known.add(slot)
+                    found.append(slot)
         for slot in found:
             try:
                 pyfuse3.invalidate_inode(object_inode(member.number, slot), False)

@@ -50,8 +50,10 @@ MAX_SHARDS = 1 << 17
 #: Bytes the shard table may take (JSON; ~200 bytes per shard).
 TABLE_BYTES = 64 << 20
 
-_HEADER_WORDS = 512  # [0] table sequence, [1] table length in bytes
-_SEQ, _TABLE_LEN = 0, 1
+_HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes
+#: Word of the table's sequence number (even; odd while it is written).
+SEQ = 0
+_TABLE_LEN = 1
 ROW_WORDS = 64
 # Row layout.
 ACTIVE, LOOKUPS, PROBES = 1, 2, 3
@@ -82,7 +84,7 @@ class SharedState:
     @property
     def sequence(self) -> int:
         """The table's sequence number: even, and +2 with every publish."""
-        return self.words[_SEQ]
+        return self.words[SEQ]
 
     def publish(self, table: Dict[str, Any]) -> int:
         """Write a new table (coordinator only); returns its sequence
@@ -91,25 +93,25 @@ class SharedState:
         if len(data) > TABLE_BYTES:
             raise ValueError(f"shard table of {len(data)} bytes does not fit {TABLE_BYTES}")
         words = self.words
-        seq = words[_SEQ]
-        words[_SEQ] = seq + 1  # odd: being written
+        seq = words[SEQ]
+        words[SEQ] = seq + 1  # odd: being written
         self.mm[self._table:self._table + len(data)] = data
         words[_TABLE_LEN] = len(data)
-        words[_SEQ] = seq + 2
+        words[SEQ] = seq + 2
         return seq + 2
 
     def read(self) -> Tuple[int, Dict[str, Any]]:
         """(sequence, table) as last published, never a torn copy."""
         words = self.words
         while True:
-            seq = words[_SEQ]
+            seq = words[SEQ]
             if seq == self._last[0]:
                 return self._last
             if seq & 1:
                 time.sleep(0.0001)
                 continue
             data = bytes(self.mm[self._table:self._table + words[_TABLE_LEN]])
-            if words[_SEQ] != seq:
+            if words[SEQ] != seq:
                 continue
             self._last = (seq, json.loads(data))
             return self._last

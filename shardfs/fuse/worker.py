@@ -44,7 +44,7 @@ from shardfs import Shard
 from shardfs import sidecar as sidecar_mod
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.fuse.shardset import ShardSet
-from shardfs.fuse.shared import ACTIVE, LOOKUPS, PROBES, SharedState
+from shardfs.fuse.shared import ACTIVE, LOOKUPS, PROBES, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -67,12 +67,14 @@ class WorkerHooks(RequestHooks):
         self.coordinator = coordinator
         self.words = state.words
         self.row = state.row(position)
-        self.seen = -1
+        self.seen = -1  # the table sequence the shard set matches
         self._kind_slots: Dict[str, int] = {}
+        #: The row's totals when this process took it over (see `start`).
+        self.base_lookups = self.base_probes = 0
 
     def begin(self, kind: str) -> None:
         words = self.words
-        if words[0] != self.seen:
+        if words[SEQ] != self.seen:
             self.sync()
         words[self.row + ACTIVE] = self.seen
         slot = self._kind_slots.get(kind)

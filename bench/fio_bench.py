@@ -76,7 +76,7 @@ sys.path.insert(0, HERE)
 import datasets as dsmod  # noqa: E402  (bench/datasets.py)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import cpu_model  # noqa: E402
+from machine import abort_fuse_connection, cpu_model  # noqa: E402
 
 FIO_DIR = os.path.join(HERE, "fio")
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -270,24 +270,8 @@ class Mounts:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             log(f"fio_bench: shardfs umount {mp} failed ({exc}); aborting the FUSE "
                 f"connection and unmounting lazily")
-            self._abort(mp)
+            abort_fuse_connection(mp)
             subprocess.run(["fusermount3", "-uz", mp], timeout=60)
-
-    @staticmethod
-    def _abort(mp: str) -> None:
-        """Abort the FUSE connection of the mount at `mp` (through fusectl), so
-        that processes blocked on a hung daemon get ENOTCONN."""
-        target = os.path.realpath(mp)
-        try:
-            with open("/proc/self/mountinfo") as f:
-                for line in f:
-                    fields = line.split()
-                    if len(fields) > 4 and fields[4] == target:
-                        minor = fields[2].split(":")[1]
-                        with open(f"/sys/fs/fuse/connections/{minor}/abort", "w") as a:
-                            a.write("1")
-        except OSError:
-            pass
 
     def healthy(self, mp: str) -> bool:
         """True if the daemon answers a statfs within 10 s. (statfs always

@@ -99,6 +99,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import abort_fuse_connection, cpu_model  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -182,22 +185,6 @@ def mounted_points() -> List[str]:
 
 def is_mounted(mp: str) -> bool:
     return os.path.realpath(mp) in mounted_points()
-
-
-def abort_connection(mp: str) -> None:
-    """Abort the FUSE connection of OUR mount at `mp` (fusectl), so that
-    processes blocked on a hung daemon get ENOTCONN."""
-    target = os.path.realpath(mp)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 4 and fields[4] == target:
-                    minor = fields[2].split(":")[1]
-                    with open(f"/sys/fs/fuse/connections/{minor}/abort", "w") as a:
-                        a.write("1")
-    except OSError:
-        pass
 
 
 def proc_table() -> Dict[int, Tuple[int, bytes, float]]:
@@ -287,7 +274,7 @@ class Target:
         if not ok or is_mounted(self.mp):
             log(f"workers_bench: {' '.join(self.umount_cmd)} failed; aborting the FUSE "
                 f"connection and unmounting lazily")
-            abort_connection(self.mp)
+            abort_fuse_connection(self.mp)
             subprocess.run(["fusermount3", "-uz", self.mp], stdin=subprocess.DEVNULL,
                            capture_output=True, timeout=60)
         # Let the daemon (and its workers) leave before the next measure.
@@ -503,7 +490,7 @@ class Bench:
                 if p.poll() is None:
                     kill_group(p)
             if is_mounted(target.mp):
-                abort_connection(target.mp)
+                abort_fuse_connection(target.mp)
             raise
         finally:
             shutil.rmtree(rundir, ignore_errors=True)
@@ -638,7 +625,7 @@ class Bench:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             kill_group(proc)
-            abort_connection(target.mp)
+            abort_fuse_connection(target.mp)
             raise RuntimeError(f"fio did not finish in {timeout:.0f} s (killed)")
         except BaseException:
             kill_group(proc)
@@ -887,15 +874,7 @@ def goals(rows: List[dict], targets: List[Target], default_key: str,
 
 
 def machine() -> Dict[str, str]:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
 
     packages = {}
     try:

@@ -100,13 +100,13 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fio_bench import filename_lines, load_fio_json, split  # noqa: E402  (fio job helpers)
 from machine import abort_fuse_connection, cpu_model  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 #: fio rejects option values longer than 4096 characters.
-FILENAME_LINE_MAX = 3900
 READERS = (1, 4, 16)
 COLD_FIO_JOBS = (1, 16)
 #: Every VERIFY_EVERY-th object a reader reads is hashed after the clock stops.
@@ -339,34 +339,6 @@ def squashfs_compressor() -> str:
 
 
 # ------------------------------------------------------------------ bench
-
-
-def split(seq: Sequence[str], parts: int) -> List[List[str]]:
-    parts = max(1, min(parts, len(seq)))
-    bounds = [len(seq) * i // parts for i in range(parts + 1)]
-    return [list(seq[bounds[i]:bounds[i + 1]]) for i in range(parts)]
-
-
-def filename_lines(names: Sequence[str]) -> List[str]:
-    lines, cur, length = [], [], 0
-    for name in names:
-        if cur and length + len(name) + 1 > FILENAME_LINE_MAX:
-            lines.append("filename=" + ":".join(cur))
-            cur, length = [], 0
-        cur.append(name)
-        length += len(name) + 1
-    if cur:
-        lines.append("filename=" + ":".join(cur))
-    return lines
-
-
-def load_fio_json(path: str) -> dict:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    start = text.find("{\n")
-    if start < 0:
-        raise ValueError(f"no JSON in fio's output: {text[:300]!r}")
-    return json.loads(text[start:])
 
 
 def raise_nofile(limit: int) -> None:

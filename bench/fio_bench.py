@@ -224,7 +224,8 @@ def kill_fio(proc: subprocess.Popen, workdir: str) -> None:
         log(f"fio_bench: fio (pid {proc.pid}) does not die (blocked in the kernel?)")
 
 
-def _mountinfo_points() -> List[str]:
+def mount_points() -> List[str]:
+    """Mount points of this process's mount table (octal escapes decoded)."""
     points = []
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
@@ -249,7 +250,7 @@ class Mounts:
         return self.points[ds.name][1]
 
     def is_mounted(self, mp: str) -> bool:
-        return os.path.realpath(mp) in _mountinfo_points()
+        return os.path.realpath(mp) in mount_points()
 
     def add(self, ds: dsmod.Dataset) -> str:
         mp = os.path.join(self.base, ds.name)

@@ -100,7 +100,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fio_bench import filename_lines, load_fio_json, split  # noqa: E402  (fio job helpers)
+from fio_bench import filename_lines, load_fio_json, mount_points, split  # noqa: E402
 from machine import abort_fuse_connection, cpu_model  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -172,19 +172,8 @@ print(json.dumps({"t0": t0, "t1": t1, "objects": n, "bytes": nbytes, "errors": e
 # ------------------------------------------------------------------ mounts
 
 
-def mounted_points() -> List[str]:
-    points = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4:
-                points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
-                                     fields[4]))
-    return points
-
-
 def is_mounted(mp: str) -> bool:
-    return os.path.realpath(mp) in mounted_points()
+    return os.path.realpath(mp) in mount_points()
 
 
 def proc_table() -> Dict[int, Tuple[int, bytes, float]]:

@@ -106,7 +106,7 @@ def big_mnt(big, module_mounter, tmp_path_factory):
     path, src, key = big
     point = tmp_path_factory.mktemp("bigmnt") / "m"
     module_mounter.mount(path, point)
-    evict_from_page_cache(path)  # reads must come from the device (worker threads)
+    evict_from_page_cache(path)  # reads must come from the device
     return point, src, key
 
 

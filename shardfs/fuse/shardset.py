@@ -155,8 +155,8 @@ class ShardSet:
     def open_candidate(self, path: str) -> Tuple[Shard, object]:
         """Open and validate the shard at `path` and load its sidecar from
         the cache (None when missing or stale): the slow part of `add`,
-        which reads the shard's hash section. Changes nothing in the set,
-        so it may run in a worker thread. Raises what `shardfs.Shard`
+        which reads the shard's hash section. Changes nothing in the set.
+        Raises what `shardfs.Shard`
         raises (CorruptShardError, OSError, ShardError)."""
         shard = Shard(path)
         sidecar = None
@@ -267,16 +267,15 @@ class ShardSet:
 
     # ------------------------------------------------------------- lookup
 
-    def find(self, key: bytes, nowait: bool = False, below: Optional[int] = None,
+    def find(self, key: bytes, below: Optional[int] = None,
              count: bool = True) -> Optional[Tuple[MountedShard, int, int, int]]:
         """The first served shard holding `key`, as (shard, slot,
         data_offset, size), or None.
 
         Only the shards whose filter may hold the key are probed, in number
         order; `below` limits the search to numbers under it (to decide
-        whether an entry is a duplicate). With `nowait`, raises
-        BlockingIOError when a probe would wait for the device. Raises
-        CorruptShardError when a probed slot is corrupt. `count`: add the
+        whether an entry is a duplicate). It may wait for the device (the
+        C core releases the GIL meanwhile). Raises CorruptShardError when a probed slot is corrupt. `count`: add the
         call to `lookups` and `probes` (False for the duplicate checks of a
         listing, which are not lookups).
         """
@@ -289,12 +288,12 @@ class ShardSet:
             if member is None or member.removed:
                 continue
             probes += 1
-            found = member.shard.find(key, nowait=nowait)
+            found = member.shard.find(key)
             if found is not None:
                 answer = (member, found[0], found[1], found[2])
                 break
-        # Counted once per answer: an exception (a page-cache-only attempt
-        # retried in a thread, a corrupt slot) is not a lookup of its own.
+        # Counted once per answer: a corrupt slot (an exception) is not a
+        # lookup.
         if count:
             self.lookups += 1
             self.probes += probes

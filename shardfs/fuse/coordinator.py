@@ -24,8 +24,10 @@ what must be decided in one place:
   devices get no inotify event for writes made elsewhere (and their page
   cache does not see a remote writer): SIGHUP drops the device's cached
   pages and checks every shard.
-* **Sidecar builds**, one at a time, in a forked process (a build may read
-  a whole index: the coordinator keeps answering meanwhile).
+* **Sidecar builds**, one after the other in one forked process, which
+  reports each on a pipe (a build may read a whole index: the coordinator
+  keeps going meanwhile, and publishes the sidecars that are ready once per
+  turn of its loop).
 * **Workers.** A worker that dies is replaced at once (its own clone of the
   FUSE device makes the kernel fail the requests it held); SIGINT, SIGTERM
   and ``shardfs umount`` end every process and remove the mount. Workers
@@ -75,7 +77,6 @@ STOP_GRACE = 2.0
 #: keeps turning, without waiting, until all are done).
 FORGET_BATCH = 4096
 
-_EXIT_CACHE_DIR = 3  # a sidecar builder's exit status: the cache directory failed
 
 
 def default_workers() -> int:
@@ -135,7 +136,8 @@ class Coordinator:
         self.session_fd = -1
         self._positions: Dict[int, int] = {}  # worker pid -> position
         self._restarts: Dict[int, List[float]] = {}
-        self._builder: Optional[tuple] = None  # (pid, member, directory)
+        self._builder: Optional[dict] = None  # the sidecar builder: see _start_builder
+        self._poller = select.poll()
         self._removed_at: Dict[int, tuple] = {}  # number -> (sequence, monotonic time)
         self._deleted: Dict[int, Set[int]] = {}  # number -> slots found deleted
         self._signals: List[int] = []
@@ -260,8 +262,8 @@ class Coordinator:
                 return
             if pid == 0:
                 return
-            if self._builder is not None and pid == self._builder[0]:
-                self._builder_done(os.waitstatus_to_exitcode(status))
+            if self._builder is not None and pid == self._builder["pid"]:
+                self._read_builder(exited=os.waitstatus_to_exitcode(status))
                 continue
             position = self._positions.pop(pid, None)
             if position is None:
@@ -306,7 +308,7 @@ class Coordinator:
         self._unmount()
         deadline = time.monotonic() + STOP_GRACE
         signalled = False
-        children = lambda: list(self._positions) + ([self._builder[0]] if self._builder else [])  # noqa: E731
+        children = lambda: list(self._positions) + ([self._builder["pid"]] if self._builder else [])  # noqa: E731
         while children():
             self._reap()
             if not children():
@@ -336,7 +338,12 @@ class Coordinator:
             signal.signal(signum, handler)
 
     def _loop(self) -> int:
-        poller = select.poll()
+        """Until the session ends or a signal stops it: reap children, do
+        what is due (rescan, names to forget, shards to close, the next
+        sidecar build), then wait for a signal, a file event or a deadline.
+        The work comes before the wait, so a sidecar build finishing starts
+        the next one at once."""
+        poller = self._poller
         poller.register(self._wakeup[0], select.POLLIN)
         if self._inotify is not None:
             poller.register(self._inotify.fileno(), select.POLLIN)
@@ -347,6 +354,12 @@ class Coordinator:
                 return 0
             if self._stopping:
                 return 0 if interrupts else 1
+            if self._rescan_at is not None and time.monotonic() >= self._rescan_at:
+                self._rescan_at = None
+                self._follow()
+            self._forget_names()
+            self._close_unused()
+            self._start_builder()
             timeout = 0.0 if self._forget else 1.0
             if self._rescan_at is not None:
                 timeout = max(0.0, min(timeout, self._rescan_at - time.monotonic()))
@@ -359,6 +372,8 @@ class Coordinator:
                         pass
                 elif self._inotify is not None and fd == self._inotify.fileno():
                     self._read_events()
+                elif self._builder is not None and fd == self._builder["fd"]:
+                    self._read_builder()
             signals, self._signals = self._signals, []
             for signum in signals:
                 if signum in (signal.SIGINT, signal.SIGTERM):
@@ -369,14 +384,6 @@ class Coordinator:
                     log.info("got SIGHUP: rescanning the shards")
                     self._check_all = True
                     self._rescan_at = time.monotonic()
-            if self._stopping:
-                continue
-            if self._rescan_at is not None and time.monotonic() >= self._rescan_at:
-                self._rescan_at = None
-                self._follow()
-            self._forget_names()
-            self._close_unused()
-            self._start_builder()
 
     # ---------------------------------------------------- following files
 
@@ -575,51 +582,91 @@ class Coordinator:
     # ----------------------------------------------------------- sidecars
 
     def _start_builder(self) -> None:
+        """Fork one process that builds the sidecars of every shard that
+        lacks one, in turn, and reports each on a pipe ("ok N", "failed N",
+        "cache_dir N": the cache directory cannot be written, it stops)."""
         if self._builder is not None or self._stopping:
             return
         todo = self.shards.needs_sidecar()
         if not todo:
             return
-        member = todo[0]
         directory = self.shards.sidecar_dir
+        r, w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
-            code = 1
             try:
+                os.close(r)
                 worker_mod._die_with(self.pid)
                 os.close(self.session_fd)
-                sidecar_mod.build(member.shard, directory).close()
-                code = 0
-            except OSError as exc:
-                if exc.errno in CACHE_DIR_ERRNOS and directory == self.shards.cache_dir:
-                    code = _EXIT_CACHE_DIR
-                else:
-                    log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
-            except BaseException as exc:
-                log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
+                for member in todo:
+                    word = "failed"
+                    try:
+                        sidecar_mod.build(member.shard, directory).close()
+                        word = "ok"
+                    except OSError as exc:
+                        if exc.errno in CACHE_DIR_ERRNOS and directory == self.shards.cache_dir:
+                            os.write(w, b"cache_dir %d\n" % member.number)
+                            break
+                        log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
+                    except Exception as exc:
+                        log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
+                    os.write(w, b"%s %d\n" % (word.encode(), member.number))
             finally:
-                os._exit(code)
-        self._builder = (pid, member, directory)
+                os._exit(0)
+        os.close(w)
+        os.set_blocking(r, False)
+        self._poller.register(r, select.POLLIN)
+        self._builder = {"pid": pid, "fd": r, "directory": directory, "todo": todo,
+                         "done": set(), "partial": b""}
 
-    def _builder_done(self, code: int) -> None:
-        _, member, directory = self._builder
-        self._builder = None
-        if code == _EXIT_CACHE_DIR:
-            self.shards.use_private_sidecar_dir()
-            return  # built again there at the next turn
-        if code != 0 or member.removed:
-            member.sidecar_failed = code != 0
-            return
-        try:
-            sc = sidecar_mod.load(member.shard, directory)
-        except Exception as exc:
-            log.warning("%s: cannot load its new sidecar: %s", member.path, exc)
-            sc = None
-        if sc is None:
-            member.sidecar_failed = True
-            return
-        self.shards.set_sidecar(member, sc, directory)
-        self._publish()
+    def _read_builder(self, exited: Optional[int] = None) -> None:
+        """Take the builder's reports (all of them once it `exited`, with
+        that exit code): load and publish the new sidecars, once per call."""
+        b = self._builder
+        data = b["partial"]
+        while True:
+            try:
+                chunk = os.read(b["fd"], 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        *lines, b["partial"] = data.split(b"\n")
+        published = False
+        for line in lines:
+            word, number = line.split()
+            member = self.shards.get(int(number))
+            b["done"].add(int(number))
+            if member is None or member.removed:
+                continue
+            if word == b"cache_dir":
+                self.shards.use_private_sidecar_dir()  # built again there by the next builder
+            elif word == b"failed":
+                member.sidecar_failed = True
+            else:
+                try:
+                    sc = sidecar_mod.load(member.shard, b["directory"])
+                except Exception as exc:
+                    log.warning("%s: cannot load its new sidecar: %s", member.path, exc)
+                    sc = None
+                if sc is None:
+                    member.sidecar_failed = True
+                else:
+                    self.shards.set_sidecar(member, sc, b["directory"])
+                    published = True
+        if exited is not None:
+            if exited != 0:  # died on a shard: do not try that one again
+                for member in b["todo"]:
+                    if member.number not in b["done"]:
+                        member.sidecar_failed = True
+                        log.warning("%s: the sidecar builder died (%d) on it", member.path, exited)
+                        break
+            self._poller.unregister(b["fd"])
+            os.close(b["fd"])
+            self._builder = None
+        if published:
+            self._publish()
 
     # ------------------------------------------------------------ closing
 

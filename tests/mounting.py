@@ -110,9 +110,18 @@ def default_workers() -> int:
 
 
 def worker_pids(mountpoint: os.PathLike) -> List[int]:
-    """Pids of the worker processes serving `mountpoint`."""
+    """Pids of the worker processes serving `mountpoint` (the coordinator's
+    children named shardfs-worker; its sidecar builder is left out)."""
     pids = mount_processes(mountpoint)
-    return [p for p in pids if _ppid(p) in pids]
+    return [p for p in pids if _ppid(p) in pids and _comm(p) == "shardfs-worker"]
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _ppid(pid: int) -> int:
@@ -125,7 +134,7 @@ def _ppid(pid: int) -> int:
 
 def mount_processes(mountpoint: os.PathLike) -> List[int]:
     """Pids of every shardfs process serving `mountpoint` (coordinator,
-    workers, sidecar builder)."""
+    workers, and the sidecar builder while it runs)."""
     want = _abs(mountpoint).encode()
     pids = []
     for entry in os.listdir("/proc"):

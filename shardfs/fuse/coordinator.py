@@ -596,7 +596,7 @@ class Coordinator:
         if pid == 0:
             try:
                 os.close(r)
-                worker_mod._die_with(self.pid)
+                worker_mod._die_with(self.pid, worker_mod.BUILDER_NAME)
                 os.close(self.session_fd)
                 for member in todo:
                     word = "failed"

@@ -54,6 +54,12 @@ log = logging.getLogger("shardfs.fuse")
 FUSE_DEV_IOC_CLONE = 0x8004E500
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+
+#: Process names (/proc/PID/comm, what ps and top show) of a mount's
+#: workers and of its sidecar builder; the coordinator keeps its own.
+WORKER_NAME = b"shardfs-worker"
+BUILDER_NAME = b"shardfs-sidecar"
 
 
 class WorkerHooks(RequestHooks):
@@ -177,12 +183,15 @@ def clone_session_fd(session_fd: int) -> None:
         os.close(fd)
 
 
-def _die_with(coordinator: int) -> None:
+def _die_with(coordinator: int, name: bytes) -> None:
+    """Be killed when `coordinator` dies (exit now if it already has), and
+    take the process name `name` (at most 15 bytes)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     if os.getppid() != coordinator:  # it died before the line above
         os._exit(1)
+    libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
 
 
 def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordinator: int,
@@ -191,7 +200,7 @@ def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordin
     0 when the session ended, 1 on error)."""
     status = 1
     try:
-        _die_with(coordinator)
+        _die_with(coordinator, WORKER_NAME)
         for signum in (signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # the coordinator's business
         for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1):

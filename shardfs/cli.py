@@ -458,7 +458,12 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if not args.paths:
         raise UsageError("mount: the following arguments are required: MOUNTPOINT (see 'shardfs mount --help')")
     shards, mountpoint = args.paths[:-1], args.paths[-1]
-    if not shards and not args.shard_dir:
+    if args.winery is not None:
+        _hide_password(args.winery)
+        if shards or args.shard_dir:
+            raise UsageError("mount: --winery mounts a winery database; give no SHARD paths nor --shard-dir "
+                             "with it (see 'shardfs mount --help')")
+    elif not shards and not args.shard_dir:
         raise UsageError("mount: give SHARD paths, --shard-dir DIR, or both (see 'shardfs mount --help')")
     options: List[str] = []
     for group in args.options or []:
@@ -479,8 +484,27 @@ def cmd_mount(args: argparse.Namespace) -> int:
         slicing=args.slicing,
         cache_dir=args.cache_dir,
         helper=getattr(args, "helper", False),
+        winery=args.winery,
+        winery_pools_dir=args.winery_pools_dir,
     )
     return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+
+
+def _hide_password(dsn: str) -> None:
+    """Take a password in the DSN off this process's command line
+    (/proc/PID/cmdline, ps): the title becomes the command with the DSN
+    described without it (setproctitle rewrites the argument memory)."""
+    from shardfs.winery import describe, has_password
+
+    if not has_password(dsn):
+        return
+    try:
+        import setproctitle
+    except ImportError:  # pragma: no cover - installed with the winery extra
+        logger.warning("setproctitle is missing: the DSN's password shows in ps until the mount is ready; "
+                       "keep it in a password file (~/.pgpass) instead")
+        return
+    setproctitle.setproctitle(f"shardfs mount --winery {describe(dsn)} ...")
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -672,23 +696,41 @@ def build_parser() -> argparse.ArgumentParser:
         "The mount is always ro,nosuid,nodev. As an fstab line (mount.fuse3\n"
         "runs 'shardfs SOURCE MOUNTPOINT -o OPTIONS'; a directory SOURCE is a\n"
         "--shard-dir):\n"
-        "  /srv/shards  /mnt/shards  fuse.shardfs  ro,allow_other,layout=fanout  0 0",
+        "  /srv/shards  /mnt/shards  fuse.shardfs  ro,allow_other,layout=fanout  0 0\n"
+        "\n"
+        "--winery DSN mounts a winery object storage (Software Heritage): its\n"
+        "Read Shards (images in packed, cleaning or readonly shards) and the\n"
+        "objects still in its PostgreSQL write shards; only keys the database\n"
+        "says are present show, and new objects, new shards and takedowns show\n"
+        "within 5 s. Layout: fanout unless asked. As an fstab line, the source\n"
+        "is the DSN as a URI (the password in root's ~/.pgpass):\n"
+        "  postgresql://reader@db/winery  /mnt/winery  fuse.shardfs  ro,allow_other,winery_pools_dir=/srv/pools  0 0",
         "  shardfs mount my.shard /mnt/shard\n"
         "  shardfs mount a.shard b.shard /dev/rbd0 /mnt/shards\n"
         "  shardfs mount --shard-dir /srv/shards --layout fanout /mnt/shards\n"
         "  shardfs mount -f --log-file fuse.log my.shard /mnt/shard\n"
         "  shardfs mount -o allow_other,uid=1000,gid=1000 my.shard /mnt/shard\n"
         "  shardfs mount -o workers=4 my.shard /mnt/shard\n"
-        "  mount -t fuse.shardfs -o ro,allow_other /srv/shards /mnt/shards\n",
+        "  mount -t fuse.shardfs -o ro,allow_other /srv/shards /mnt/shards\n"
+        "  shardfs mount --winery 'host=db dbname=winery user=reader' /mnt/winery\n"
+        "  shardfs mount --winery postgresql://reader@db/winery --winery-pools-dir /srv/pools /mnt/winery\n",
     )
     # One positional list, SHARD... MOUNTPOINT (split in cmd_mount), so that
     # options may come anywhere among them.
     p.usage = "%(prog)s [-h] [-f] [-o OPTIONS] [--shard-dir DIR] [--layout L] [--slicing S]\n" \
-              "       [--cache-dir DIR] [--log-file FILE] [--debug] [SHARD ...] MOUNTPOINT"
+              "       [--cache-dir DIR] [--log-file FILE] [--debug] [SHARD ...] MOUNTPOINT\n" \
+              "       %(prog)s [options] --winery DSN [--winery-pools-dir DIR] MOUNTPOINT"
     p.add_argument("paths", metavar="[SHARD ...] MOUNTPOINT", nargs="*",
                    help="shard files or block devices, then an existing empty directory")
     p.add_argument("--shard-dir", metavar="DIR",
                    help="serve every shard in DIR, and follow it (shards added or removed)")
+    p.add_argument("--winery", metavar="DSN",
+                   help="mount a winery object storage: its Read Shards and the objects still in its "
+                        "PostgreSQL database, named by DSN (a libpq connection string; SELECT rights "
+                        "suffice; keep the password in ~/.pgpass), followed live")
+    p.add_argument("--winery-pools-dir", metavar="DIR",
+                   help="with --winery: the base directory of a directory shards pool (images in "
+                        "DIR/<pool>/<shard>; default: Ceph images mapped under /dev/rbd/<pool>/<shard>)")
     p.add_argument("--layout", choices=("auto", "flat", "fanout"), default=None,
                    help="directory layout (default: auto)")
     p.add_argument("--slicing", metavar="SLICES",
@@ -743,6 +785,9 @@ def _helper_argv(argv: List[str]) -> bool:
     helpers always pass options), so that a mistyped command is reported
     as one instead of being taken for a mount.
     """
+    if (len(argv) >= 2 and argv[0].startswith(("postgresql://", "postgres://")) and "-o" in argv):
+        argv[:1] = ["mount", "--winery", argv[0]]  # a winery database (fstab: a URI)
+        return True
     if (len(argv) < 2 or argv[0].startswith("-") or argv[0] in COMMANDS
             or "-o" not in argv or not os.path.exists(argv[0])):
         return False

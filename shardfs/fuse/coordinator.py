@@ -24,6 +24,14 @@ what must be decided in one place:
   devices get no inotify event for writes made elsewhere (and their page
   cache does not see a remote writer): SIGHUP drops the device's cached
   pages and checks every shard.
+* **A winery database** (`catalog`, a `shardfs.winery.Catalog`), polled
+  every `shardfs.winery.POLL_SECONDS` instead of following files: images of
+  shards that reached an image state are served, and the keys it takes
+  down are published to the workers (who refuse them from their next
+  request on), then invalidated in the kernel (their names in every
+  directory where they can be looked up, the inodes the mount gave them),
+  so a takedown is gone from the mount within about two polls. A database
+  that is down changes nothing: what is served stays served.
 * **Sidecar builds**, one after the other in one forked process, which
   reports each on a pipe (a build may read a whole index: the coordinator
   keeps going meanwhile, and publishes the sidecars that are ready once per
@@ -116,12 +124,14 @@ class Coordinator:
     `options` are libfuse's; `ready_fd` and `on_ready` as in
     `shardfs.fuse.mount.serve`; `report(message)` writes the readiness line;
     `description` says what is mounted, for the log; `private_fds` are
-    descriptors of this process the workers must not keep.
+    descriptors of this process the workers must not keep; `catalog` a
+    `shardfs.winery.Catalog` to follow (a winery mount) instead of files.
     """
 
     def __init__(self, fs: ShardFS, mountpoint: str, options: Sequence[str], workers: int,
                  report: Callable[[str], None], on_ready: Optional[Callable[[], None]] = None,
-                 description: str = "", private_fds: Sequence[int] = ()) -> None:
+                 description: str = "", private_fds: Sequence[int] = (),
+                 catalog: object = None) -> None:
         self.fs = fs
         self.shards: ShardSet = fs.shards
         self.mountpoint = mountpoint
@@ -153,6 +163,8 @@ class Coordinator:
         self._ended = False
         self._mounted = False
         self.shards.reserved = self._reserved
+        self.catalog = catalog
+        self._poll_at = time.monotonic()
 
     # ------------------------------------------------------------- serve
 
@@ -357,12 +369,16 @@ class Coordinator:
             if self._rescan_at is not None and time.monotonic() >= self._rescan_at:
                 self._rescan_at = None
                 self._follow()
+            if self.catalog is not None and time.monotonic() >= self._poll_at:
+                self._sync_catalog()
             self._forget_names()
             self._close_unused()
             self._start_builder()
             timeout = 0.0 if self._forget else 1.0
             if self._rescan_at is not None:
                 timeout = max(0.0, min(timeout, self._rescan_at - time.monotonic()))
+            if self.catalog is not None:
+                timeout = max(0.0, min(timeout, self._poll_at - time.monotonic()))
             for fd, _ in poller.poll(int(timeout * 1000)):
                 if fd == self._wakeup[0]:
                     try:
@@ -438,6 +454,11 @@ class Coordinator:
         if self._check_all:
             for member in self.shards.served():
                 self._drop_device_cache(member)
+        if self.catalog is not None:
+            self._check_all = False
+            self._dirty.clear()
+            self._sync_catalog()
+            return
         try:
             added, gone = self.shards.rescan()
         except OSError as exc:
@@ -455,6 +476,63 @@ class Coordinator:
         self._check_all = False
         for member in dirty:
             self._invalidate_deleted(member)
+
+    def _sync_catalog(self) -> None:
+        """Poll the winery database (`shardfs.winery.Catalog.sync`):
+        publish what changed, then invalidate in the kernel the names and
+        inodes of the keys it newly hides."""
+        from shardfs.winery import POLL_SECONDS, DatabaseUnavailable
+
+        self._poll_at = time.monotonic() + POLL_SECONDS
+        try:
+            change = self.catalog.sync(self.shards)
+        except DatabaseUnavailable:
+            return  # logged once per outage; keep serving what is open
+        except Exception:
+            log.exception("cannot poll the winery database")
+            return
+        if not change.changed:
+            return
+        self._publish()
+        for member in change.removed:
+            self._removed_at[member.number] = (self.state.sequence, time.monotonic())
+            self._forget.append([member, 0])
+        if change.added or change.removed:
+            log.info("winery: %d image(s) added, %d removed", len(change.added), len(change.removed))
+        if change.hidden:
+            self._invalidate_keys(change.hidden)
+
+    def _invalidate_keys(self, pairs: List[tuple]) -> None:
+        """Make the kernel forget keys the database took down: their names
+        in every directory where they are looked up, the inode of their
+        slot in the shard they are hidden in, and the inodes workers gave
+        them as database objects (cached pages included)."""
+        import pyfuse3
+
+        def quiet(call: Callable[[], None]) -> None:
+            try:
+                call()
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not have it
+                    log.warning("cannot invalidate a taken-down object: %s", exc)
+
+        from shardfs.fuse.layout import db_inode
+
+        for key, shard_id in pairs:
+            name = key.hex()
+            for parent in self.fs.layout.parents_of(name):
+                quiet(lambda parent=parent: pyfuse3.invalidate_entry(parent, name.encode("ascii")))
+            member = self.shards.get(shard_id)
+            if member is not None:
+                try:
+                    hit = member.shard.find(key)
+                except Exception:
+                    hit = None
+                if hit is not None:
+                    quiet(lambda: pyfuse3.invalidate_inode(object_inode(member.number, hit[0]), False))
+            for position, number in self.state.ring_find(key):
+                quiet(lambda: pyfuse3.invalidate_inode(db_inode(position, number), False))
+        log.info("winery: %d key(s) taken down: invalidated in the kernel", len(pairs))
 
     @staticmethod
     def _drop_device_cache(member: MountedShard) -> None:
@@ -569,12 +647,16 @@ class Coordinator:
             self._publish()
 
     def table(self) -> Dict[str, object]:
-        """The shard table workers follow (`shardfs.fuse.worker.apply_table`)."""
-        return {"shards": [
+        """The shard table workers follow (`shardfs.fuse.worker.apply_table`),
+        with what a winery mount's readers need under "winery"."""
+        table: Dict[str, object] = {"shards": [
             {"number": m.number, "path": m.path, "fd": m.shard.fileno(), "removed": m.removed,
              "sidecar_dir": m.sidecar_dir if m.sidecar is not None else None}
             for _, m in sorted(self.shards.shards.items())
         ]}
+        if self.catalog is not None:
+            table["winery"] = self.catalog.table()
+        return table
 
     def _publish(self) -> None:
         self.state.publish(self.table())

@@ -59,8 +59,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pyfuse3
 
-from shardfs.fuse.layout import ROOT_INODE, Layout, object_inode, split_object_inode
+from shardfs.fuse.layout import ROOT_INODE, Layout, object_inode, split_db_inode, split_object_inode
 from shardfs.fuse.shardset import MountedShard, ShardSet
+from shardfs.winery import DatabaseUnavailable
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -99,6 +100,11 @@ READDIR_BATCH = 256
 
 #: Listings (fan-out directories) and flat-root batches a process keeps.
 LISTING_CACHE_SIZE = 64
+
+#: Listing positions of a flat root from which the objects only in a
+#: winery database are listed (image objects use shard number << 32 | slot,
+#: below it).
+DB_LISTING_BASE = 1 << 62
 
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
 
@@ -188,6 +194,8 @@ def _handler(fn: Callable[..., Any]) -> Callable[..., Any]:
             return await fn(self, *args)
         except pyfuse3.FUSEError:
             raise
+        except DatabaseUnavailable:  # logged once per outage by the Database
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as exc:
             log.error("%s%r failed: %s", name, args[:2], exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -229,8 +237,13 @@ class ShardFS(pyfuse3.Operations):
     `layout` is a `shardfs.fuse.layout.Layout` (flat by default). `uid` and
     `gid` own every file and directory (default: the mounting user).
     `hooks` is what the process running the handlers provides (default: a
-    `RequestHooks` counting in this process). The filesystem does not own
-    the set: the caller closes it after `pyfuse3.close()`.
+    `RequestHooks` counting in this process). `winery`, a
+    `shardfs.fuse.winery.WineryView`, makes it a mount of a winery object
+    storage: the shard set holds its images (numbered by shard id), keys
+    it hides are refused, and keys no image holds are looked up in its
+    database (their inodes carry `shardfs.fuse.layout.DB_INODE_FLAG`). The
+    filesystem does not own the set: the caller closes it after
+    `pyfuse3.close()`.
     """
 
     supports_dot_lookup = True
@@ -238,9 +251,11 @@ class ShardFS(pyfuse3.Operations):
     enable_acl = False
 
     def __init__(self, shards: ShardSet, layout: Optional[Layout] = None, uid: Optional[int] = None,
-                 gid: Optional[int] = None, hooks: Optional[RequestHooks] = None) -> None:
+                 gid: Optional[int] = None, hooks: Optional[RequestHooks] = None,
+                 winery: Any = None) -> None:
         super().__init__()
         self.shards = shards
+        self.winery = winery
         self.layout = layout or Layout.flat()
         self.hooks = hooks or RequestHooks(shards)
         self._uid = os.getuid() if uid is None else uid
@@ -289,7 +304,16 @@ class ShardFS(pyfuse3.Operations):
         return attr
 
     def _lookup_object(self, key: bytes) -> pyfuse3.EntryAttributes:
-        found = self.shards.find(key)
+        if self.winery is not None:
+            loc = self.winery.locate(key)
+            if loc is None:
+                return self._negative_entry()
+            if loc.member is None:
+                return self._attr(self.winery.inode_for(key, loc.size), stat.S_IFREG | 0o444, 1,
+                                  loc.size, self._dir_time_ns)
+            found = (loc.member, loc.slot, loc.data_offset, loc.size)
+        else:
+            found = self.shards.find(key)
         if found is None:
             return self._negative_entry()
         member, slot, data_offset, size = found
@@ -312,7 +336,24 @@ class ShardFS(pyfuse3.Operations):
         found = member.shard.slot(split[1])
         if found is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if self.winery is not None and self.winery.reader.is_hidden(found[0], member.number):
+            raise pyfuse3.FUSEError(errno.ENOENT)  # taken down in the database
         return (member, found[1], found[2])
+
+    def _db_object(self, inode: int) -> Optional[Tuple[bytes, int]]:
+        """(key, size) of a database object's inode; None when `inode` is
+        not one. Raises ESTALE when its ring entry was overwritten (the
+        kernel looks the name up again), ENOENT when the key is no object
+        anymore, EIO when the database is needed and unavailable."""
+        if self.winery is None or split_db_inode(inode) is None:
+            return None
+        entry = self.winery.resolve(inode)
+        if entry is None:
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        loc = self.winery.locate(entry[0])
+        if loc is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return entry[0], loc.size
 
     def _split_dir(self, inode: int) -> Optional[Tuple[int, int]]:
         return self.layout.split_dir_inode(inode)
@@ -369,6 +410,9 @@ class ShardFS(pyfuse3.Operations):
         """
         if self._split_dir(inode) is not None:
             return self._dir_attr(inode)
+        db = self._db_object(inode)
+        if db is not None:
+            return self._attr(inode, stat.S_IFREG | 0o444, 1, db[1], self._dir_time_ns)
         member, _, size = self._object(inode)
         return self._file_attr(inode, size, member)
 
@@ -389,6 +433,18 @@ class ShardFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         if self._split_dir(inode) is not None:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        db = self._db_object(inode)
+        if db is not None:
+            key, size = db
+            if 0 < size <= PUSH_BYTES:
+                data = self.winery.read(key, 0, size)
+                if data is None:
+                    raise pyfuse3.FUSEError(errno.ENOENT)
+                try:
+                    pyfuse3.notify_store(inode, 0, data)
+                except OSError as exc:
+                    log.debug("notify_store of inode %d failed: %s", inode, exc)
+            return pyfuse3.FileInfo(fh=inode, keep_cache=True)
         member, data_offset, size = self._object(inode)
         if 0 < size <= PUSH_BYTES:
             data = member.shard.pread(data_offset, size, 0, size)
@@ -405,6 +461,14 @@ class ShardFS(pyfuse3.Operations):
         """Bytes [off, off+size) of the object whose inode is `fh`, clipped
         at its end (b"" at or after it). The slot is read again, so a
         deleted object raises ENOENT; EIO if the shard cannot be read."""
+        db = self._db_object(fh)
+        if db is not None:
+            if off >= db[1] or size <= 0:
+                return b""
+            data = self.winery.read(db[0], off, size)
+            if data is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return data
         member, data_offset, objsize = self._object(fh, opened=True)
         if off >= objsize or size <= 0:
             return b""
@@ -440,8 +504,27 @@ class ShardFS(pyfuse3.Operations):
     def _flat_batch(self, start_id: int) -> List[_Entry]:
         """Up to READDIR_BATCH objects of a flat root from position
         `start_id` (= shard number << 32 | slot) on, in that order, leaving
-        out keys a lower-numbered shard serves."""
+        out keys a lower-numbered shard serves. In a winery mount, the
+        objects only in its database follow, from position
+        DB_LISTING_BASE + their index in this process's listing of them."""
+        if start_id < DB_LISTING_BASE:
+            out = self._flat_image_batch(start_id)
+            if out or self.winery is None:
+                return out
+            start_id = DB_LISTING_BASE
+        if self.winery is None:
+            return []
+        index = start_id - DB_LISTING_BASE
+        out = []
+        for key, size in self.winery.table_listing(self.shards.version)[index:index + READDIR_BATCH]:
+            index += 1
+            out.append((DB_LISTING_BASE + index, key.hex().encode("ascii"),
+                        self.winery.inode_for(key, size), False, size, self._dir_time_ns))
+        return out
+
+    def _flat_image_batch(self, start_id: int) -> List[_Entry]:
         number, slot = start_id >> 32, start_id & 0xFFFFFFFF
+        hidden = self.winery.reader.is_hidden if self.winery is not None else None
         out: List[_Entry] = []
         for member in self.shards.served():
             if member.number < number:
@@ -454,6 +537,8 @@ class ShardFS(pyfuse3.Operations):
 
             time_ns = _ns(member.shard.mtime)
             for slot_, key, _, size in member.shard.scan(first, READDIR_BATCH, on_corrupt=corrupt):
+                if hidden is not None and hidden(key, member.number):
+                    continue  # taken down in the database
                 if member.number and self.shards.find(key, below=member.number, count=False) is not None:
                     continue  # served by a lower-numbered shard
                 pos = (member.number << 32) | slot_
@@ -497,6 +582,7 @@ class ShardFS(pyfuse3.Operations):
         nbits = 4 * len(hexprefix)
         pbytes = _prefix_bytes(prefix, nbits)
         best: Dict[bytes, Tuple[MountedShard, int, int]] = {}
+        hidden = self.winery.reader.is_hidden if self.winery is not None else None
         for member in self.shards.served():
             sc = member.sidecar
             if sc is not None:
@@ -512,13 +598,33 @@ class ShardFS(pyfuse3.Operations):
                 key, _, size = item
                 if key in best or not key.hex().startswith(hexprefix):
                     continue
+                if hidden is not None and hidden(key, member.number):
+                    continue  # taken down in the database
                 best[key] = (member, slot, size)
+        entries: Dict[bytes, Tuple[int, int, int]] = {
+            key: (object_inode(member.number, slot), size, _ns(member.shard.mtime))
+            for key, (member, slot, size) in best.items()}
+        if self.winery is not None:
+            from shardfs.fuse.winery import key_range
+
+            for key, size in self.winery.table_range(*key_range(hexprefix)):
+                if key not in entries:
+                    entries[key] = (self.winery.inode_for(key, size), size, self._dir_time_ns)
         out = []
-        for key in sorted(best):
-            member, slot, size = best[key]
-            out.append((len(out) + 1, key.hex().encode("ascii"), object_inode(member.number, slot),
-                        False, size, _ns(member.shard.mtime)))
+        for key in sorted(entries):
+            inode, size, time_ns = entries[key]
+            out.append((len(out) + 1, key.hex().encode("ascii"), inode, False, size, time_ns))
         return out
+
+    def _listing_version(self) -> Any:
+        """What a cached listing is valid for: the shard set's version,
+        and in a winery mount the current POLL_SECONDS period too (its
+        database gets new objects without the set changing)."""
+        if self.winery is None:
+            return self.shards.version
+        from shardfs.winery import POLL_SECONDS
+
+        return (self.shards.version, int(time.monotonic() / POLL_SECONDS))
 
     def _entries(self, inode: int, start_id: int) -> Sequence[_Entry]:
         """Entries of directory `inode` from position `start_id` on (all of
@@ -527,7 +633,7 @@ class ShardFS(pyfuse3.Operations):
         cached per process for the listing's next READDIR."""
         depth, prefix = self.layout.split_dir_inode(inode)
         flat = depth == 0 and self.layout.is_flat
-        key = (inode, start_id if flat else 0, self.shards.version)
+        key = (inode, start_id if flat else 0, self._listing_version())
         entries = self._listings.pop(key, None)
         if entries is None:
             if flat:
@@ -566,7 +672,7 @@ class ShardFS(pyfuse3.Operations):
                 if not pyfuse3.readdir_reply(token, name, attr, next_id):
                     # Kernel buffer full: keep the rest for the next call.
                     if flat:
-                        self._listings.put((fh, start_id, self.shards.version), entries[i:])
+                        self._listings.put((fh, start_id, self._listing_version()), entries[i:])
                     return
                 start_id = next_id
             if not flat:
@@ -608,7 +714,7 @@ class ShardFS(pyfuse3.Operations):
         """
         if mode & os.W_OK:
             raise pyfuse3.FUSEError(errno.EROFS)
-        if self._split_dir(inode) is None:
+        if self._split_dir(inode) is None and self._db_object(inode) is None:
             self._object(inode)
         return True
 
@@ -647,6 +753,8 @@ class ShardFS(pyfuse3.Operations):
             if name == STATS_XATTR:
                 return json.dumps(self.stats(), sort_keys=True).encode()
         elif self._split_dir(inode) is None and name in (SHARD_XATTR, OFFSET_XATTR):
+            if self._db_object(inode) is not None:
+                raise pyfuse3.FUSEError(pyfuse3.ENOATTR)  # in a database, not a shard
             member, data_offset, _ = self._object(inode)
             if name == SHARD_XATTR:
                 return os.fsencode(member.path)
@@ -659,6 +767,8 @@ class ShardFS(pyfuse3.Operations):
         if inode == ROOT_INODE:
             return [REQUESTS_XATTR, STATS_XATTR]
         if self._split_dir(inode) is None:
+            if self._db_object(inode) is not None:
+                return []
             self._object(inode)
             return [SHARD_XATTR, OFFSET_XATTR]
         return []

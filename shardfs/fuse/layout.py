@@ -16,7 +16,9 @@ Inodes (64-bit): 1 is the root; a directory at depth d (1..D) whose path
 spells the hex prefix P has inode ``2 + sum(16**L_j for j < d) + int(P, 16)``
 where L_j is the prefix length at depth j; an object has inode
 ``(shard number + 1) << 32 | slot``, stable across remounts of the same
-shards in the same order.
+shards in the same order. An object read from a winery database (no
+shard slot) has inode ``1 << 62 | worker position << 48 | n``, n being its
+entry in that worker's inode ring (`shardfs.fuse.shared`).
 """
 
 from __future__ import annotations
@@ -44,9 +46,28 @@ def object_inode(number: int, slot: int) -> int:
     return ((number + 1) << OBJECT_SHIFT) | slot
 
 
+#: Flag of the inodes of objects read from a database (see above).
+DB_INODE_FLAG = 1 << 62
+_DB_POSITION_SHIFT = 48
+
+
+def db_inode(position: int, number: int) -> int:
+    """Inode of entry `number` of worker `position`'s inode ring."""
+    return DB_INODE_FLAG | (position << _DB_POSITION_SHIFT) | number
+
+
+def split_db_inode(inode: int) -> Optional[Tuple[int, int]]:
+    """(worker position, ring number) of a database object's inode, None
+    for any other inode."""
+    if not inode & DB_INODE_FLAG:
+        return None
+    return (inode >> _DB_POSITION_SHIFT) & 0x3FFF, inode & ((1 << _DB_POSITION_SHIFT) - 1)
+
+
 def split_object_inode(inode: int) -> Optional[Tuple[int, int]]:
-    """(shard number, slot) of an object inode, or None for a directory."""
-    if inode >> OBJECT_SHIFT == 0:
+    """(shard number, slot) of an object inode, or None for a directory
+    or a database object."""
+    if inode >> OBJECT_SHIFT == 0 or inode & DB_INODE_FLAG:
         return None
     return (inode >> OBJECT_SHIFT) - 1, inode & ((1 << OBJECT_SHIFT) - 1)
 

@@ -180,7 +180,7 @@ def check_mountpoint(mountpoint: str) -> str:
 #: ``-o`` options shardfs reads itself (never given to libfuse):
 #: owner of every file, layout, slicing, sidecar cache directory, number
 #: of worker processes.
-OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers")
+OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "winery_pools_dir")
 
 #: Options mount(8) and mount.fuse3 pass by default (``rw,dev,suid`` for
 #: an fstab line with ``defaults``), accepted and ignored when shardfs runs
@@ -307,6 +307,29 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
     return shards
 
 
+def open_winery(dsn: str, pools_dir: Optional[str], cache_dir: Optional[str]) -> "Tuple[ShardSet, object, object]":
+    """Open a winery deployment for a mount: (shard set of its images,
+    the coordinator's `shardfs.winery.Catalog`, the workers'
+    `shardfs.fuse.winery.WineryView`). Raises WineryError (one line) when
+    the database is not a usable winery database or is down."""
+    from shardfs.fuse.shardset import ShardSet
+    from shardfs.fuse.winery import WineryView
+    from shardfs.winery import Catalog, Database, Reader, check
+
+    check(dsn)
+    shards = ShardSet(cache_dir=cache_dir)
+    try:
+        catalog = Catalog(Database(dsn, max_size=1, name="shardfs coordinator"), pools_dir)
+        catalog.sync(shards)
+        # Its pool is made by each worker on first use (never across a fork).
+        view = WineryView(Reader(shards, Database(dsn, max_size=2, name="shardfs worker")))
+        view.reader.update(catalog.tables, catalog.hidden)
+    except BaseException:
+        shards.close()
+        raise
+    return shards, catalog, view
+
+
 def choose_layout(name: str, slicing: Optional[str], shards: "ShardSet") -> "Layout":
     """The Layout for `--layout NAME` ("auto", "flat" or "fanout") and
     `--slicing`. "auto" is flat up to AUTO_FLAT_LIMIT objects, else fan-out.
@@ -315,7 +338,8 @@ def choose_layout(name: str, slicing: Optional[str], shards: "ShardSet") -> "Lay
 
     if name == "auto":
         total = sum(m.objects for m in shards.served())
-        name = "flat" if total <= AUTO_FLAT_LIMIT and shards.shard_dir is None else "fanout"
+        followed = shards.shard_dir is not None or getattr(shards, "followed", False)
+        name = "flat" if total <= AUTO_FLAT_LIMIT and not followed else "fanout"
     if name == "flat":
         return Layout.flat()
     if name == "fanout":
@@ -336,11 +360,13 @@ def serve(
     ready_fd: Optional[int] = None,
     on_ready: Optional[Callable[[], None]] = None,
     workers: Optional[int] = None,
+    winery: "Optional[Tuple[object, object]]" = None,
 ) -> int:
     """Mount the shard set on `mountpoint` and serve until unmounted or
     signalled, with `workers` worker processes (default:
     `shardfs.fuse.coordinator.default_workers()`); see
-    `shardfs.fuse.coordinator`.
+    `shardfs.fuse.coordinator`. `winery`: (catalog, view) of
+    `open_winery`, for a mount of a winery deployment.
 
     SIGINT and SIGTERM unmount and end every process; SIGHUP rescans the
     shards and checks them for takedowns. The filesystem is unmounted on the way out whatever happens.
@@ -352,19 +378,27 @@ def serve(
     from shardfs.fuse.coordinator import Coordinator, default_workers
     from shardfs.fuse.handlers import ShardFS
 
-    fs = ShardFS(shards, layout=layout, uid=uid, gid=gid)
-    what = shards.shard_dir or ", ".join(m.path for m in shards.served())
+    catalog, view = winery if winery is not None else (None, None)
+    fs = ShardFS(shards, layout=layout, uid=uid, gid=gid, winery=view)
+    if catalog is not None:
+        what = f"winery database {catalog.db.where}"
+    else:
+        what = shards.shard_dir or ", ".join(m.path for m in shards.served())
     description = (f"{what} on {mountpoint} ({len(shards)} shard(s), layout {fs.layout.describe()}, "
                    f"options {','.join(options)})")
     coordinator = Coordinator(fs, mountpoint, options, workers or default_workers(),
                               report=lambda message: _report(ready_fd, message), on_ready=on_ready,
                               description=description,
-                              private_fds=(ready_fd,) if ready_fd is not None else ())
+                              private_fds=(ready_fd,) if ready_fd is not None else (),
+                              catalog=catalog)
     try:
         status = coordinator.serve()
     except (KeyboardInterrupt, SystemExit):
         _report(ready_fd, "error: interrupted")
         raise
+    finally:
+        if catalog is not None:
+            catalog.db.close()
     log.info("unmounted %s", mountpoint)
     return status
 
@@ -401,8 +435,17 @@ def mount(
     cache_dir: Optional[str] = None,
     helper: bool = False,
     workers: Optional[int] = None,
+    winery: Optional[str] = None,
+    winery_pools_dir: Optional[str] = None,
 ) -> int:
     """Mount shards read-only on `mountpoint`; return an exit status.
+
+    `winery`, a libpq DSN, mounts a winery object storage instead of shard
+    files (`shardfs.winery`): its images from `winery_pools_dir` (a
+    directory pool's base directory; default: Ceph images under /dev/rbd)
+    and the objects still in its database, followed live. The DSN never
+    reaches a command line or the log (the daemon reads it on its stdin);
+    the database is checked here first (WineryError, one line).
 
     `shard_paths` (files or block devices) and/or `shard_dir` (a directory
     whose shards are served and followed live) name what to serve.
@@ -427,6 +470,11 @@ def mount(
     the daemon's error if it could not mount.
     """
     shard_paths = [os.path.abspath(p) for p in shard_paths]
+    if winery is not None and (shard_paths or shard_dir is not None):
+        raise _shard_error("--winery mounts a winery database: give no SHARD paths nor --shard-dir with it")
+    if winery is not None:
+        return _mount_winery(winery, mountpoint, foreground, options, debug, log_file, layout, slicing,
+                             cache_dir, helper, workers, winery_pools_dir)
     if shard_dir is not None:
         shard_dir = os.path.abspath(shard_dir)
         if not os.path.isdir(shard_dir):
@@ -461,6 +509,43 @@ def mount(
         shards.close()
 
 
+def _mount_winery(dsn: str, mountpoint: str, foreground: bool, options: Optional[Sequence[str]],
+                  debug: bool, log_file: Optional[str], layout: Optional[str], slicing: Optional[str],
+                  cache_dir: Optional[str], helper: bool, workers: Optional[int],
+                  pools_dir: Optional[str]) -> int:
+    """`mount()` of a winery deployment."""
+    from shardfs.winery import check, database_name
+
+    opts, own = build_options([f"winery-{database_name(dsn)}"], options, helper=helper)
+    pools_dir = pools_dir or own.get("winery_pools_dir")
+    if pools_dir is not None:
+        pools_dir = os.path.abspath(pools_dir)
+        if not os.path.isdir(pools_dir):
+            raise _shard_error(f"winery pools directory {pools_dir} is not a directory")
+    layout = layout or own.get("layout") or "fanout"
+    slicing = slicing or own.get("slicing")
+    if layout not in ("auto", "flat", "fanout"):
+        raise _shard_error(f"unknown layout {layout!r}: expected auto, flat or fanout")
+    cache_dir = os.path.abspath(cache_dir or own.get("cache_dir") or _default_cache_dir())
+    workers = workers or (int(own["workers"]) if "workers" in own else None)
+    uid = int(own["uid"]) if "uid" in own else None
+    gid = int(own["gid"]) if "gid" in own else None
+    mp = check_mountpoint(mountpoint)
+    check(dsn)  # a wrong DSN or a database that is not winery's: one line, now
+    if not foreground:
+        return _spawn_daemon([], mp, opts, debug, log_file, stdin_data=dsn.encode(), winery_stdin=True,
+                             winery_pools_dir=pools_dir, layout=layout, slicing=slicing,
+                             cache_dir=cache_dir, uid=uid, gid=gid, workers=workers)
+    setup_logging(debug, log_file)
+    shards, catalog, view = open_winery(dsn, pools_dir, cache_dir)
+    shards.followed = True
+    try:
+        return serve(shards, mp, opts, choose_layout(layout, slicing, shards), uid, gid, workers=workers,
+                     winery=(catalog, view))
+    finally:
+        shards.close()
+
+
 def _default_cache_dir() -> str:
     from shardfs.sidecar import default_cache_dir
 
@@ -468,13 +553,19 @@ def _default_cache_dir() -> str:
 
 
 def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], debug: bool,
-                  log_file: Optional[str], **settings: object) -> int:
+                  log_file: Optional[str], stdin_data: Optional[bytes] = None, **settings: object) -> int:
+    """Start the daemon and wait for its status line. `settings` become
+    ``--name value`` arguments (``--name`` alone when True, left out when
+    None or False); `stdin_data` is written to its stdin (a secret such as
+    a DSN, kept off its command line)."""
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "shardfs.fuse.mount", "--serve", "--ready-fd", str(wfd), "--mountpoint", mountpoint]
     for opt in options:
         cmd += ["--option", opt]
     for name, value in settings.items():
-        if value is not None:
+        if value is True:
+            cmd.append("--" + name.replace("_", "-"))
+        elif value is not None and value is not False:
             cmd += ["--" + name.replace("_", "-"), str(value)]
     if debug:
         cmd.append("--debug")
@@ -489,7 +580,7 @@ def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], d
     try:
         child = subprocess.Popen(
             cmd,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             pass_fds=(wfd,),
@@ -499,6 +590,12 @@ def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], d
         )
     finally:
         os.close(wfd)
+    if stdin_data is not None:
+        try:
+            child.stdin.write(stdin_data)
+            child.stdin.close()
+        except OSError:
+            pass  # it died: its status says why
     try:
         status = _wait_ready(rfd, child)
     finally:
@@ -571,6 +668,8 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--uid", type=int)
     parser.add_argument("--gid", type=int)
     parser.add_argument("--workers", type=int)
+    parser.add_argument("--winery-stdin", action="store_true", help="read a winery DSN on stdin")
+    parser.add_argument("--winery-pools-dir")
     parser.add_argument("--debug", action="store_true")
     parser.add_argument("--log-file")
     parser.add_argument("shards", nargs="*")
@@ -581,8 +680,16 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     # Logging: the log file, else nowhere (stderr goes away once detached).
     devnull = open(os.devnull, "w")
     setup_logging(args.debug, args.log_file, stream=devnull if not args.log_file else None)
+    winery = None
     try:
-        shards = open_shard_set(args.shards, args.shard_dir, args.cache_dir)
+        if args.winery_stdin:
+            dsn = sys.stdin.read().strip()
+            sys.stdin.close()
+            shards, catalog, view = open_winery(dsn, args.winery_pools_dir, args.cache_dir)
+            shards.followed = True
+            winery = (catalog, view)
+        else:
+            shards = open_shard_set(args.shards, args.shard_dir, args.cache_dir)
     except Exception as exc:
         _report(ready_fd, f"error: {exc}")
         return 1
@@ -604,6 +711,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
                 ready_fd=ready_fd,
                 on_ready=lambda: _detach_stderr(args.log_file),
                 workers=args.workers,
+                winery=winery,
             )
         except Exception as exc:
             _report(ready_fd, f"error: {exc}")

@@ -136,6 +136,9 @@ class ShardSet:
         self.version = 0
         #: Paths named at mount (served first, in this order).
         self.pinned: List[str] = []
+        #: Whether shards come and go by a source other than `shard_dir`
+        #: (a winery database): the layout is then chosen as for a directory.
+        self.followed = False
         #: Numbers the set must not give out (see `add`).
         self.reserved: Callable[[int], bool] = lambda number: False
 

@@ -20,6 +20,13 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
   RELEASE of a file may reach different workers, so only the sum over
   positions means something. The coordinator closes a removed shard once
   that sum is 0.
+* **A ring of inodes per worker position**, for objects read from a winery
+  database (`shardfs.fuse.winery`): such an object has no shard slot to
+  name it, so the worker that first answers for it gives it the next
+  number of its ring and writes (number, key, size) there; any process
+  resolves the inode from that entry. An entry is overwritten
+  `RING_ENTRIES` numbers later: an inode older than that answers ESTALE
+  and the kernel looks the name up again.
 
 Words are native 64-bit integers; positions are in words unless said.
 """
@@ -49,6 +56,10 @@ MAX_WORKERS = 64
 MAX_SHARDS = 1 << 17
 #: Bytes the shard table may take (JSON; ~200 bytes per shard).
 TABLE_BYTES = 64 << 20
+#: Entries of each worker position's inode ring (see the module's
+#: docstring), of RING_WORDS words: number, key (4 words), size.
+RING_ENTRIES = 1 << 18
+RING_WORDS = 6
 
 _HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes
 #: Word of the table's sequence number (even; odd while it is written).
@@ -56,7 +67,7 @@ SEQ = 0
 _TABLE_LEN = 1
 ROW_WORDS = 64
 # Row layout.
-ACTIVE, LOOKUPS, PROBES = 1, 2, 3
+ACTIVE, LOOKUPS, PROBES, RING_NEXT = 1, 2, 3, 4
 KINDS = 8
 
 
@@ -64,8 +75,8 @@ class SharedState:
     """The shared mapping of one mount for `workers` positions.
 
     Made by the coordinator before forking (the mapping is inherited).
-    Virtual size is about ``8 * MAX_SHARDS * workers + TABLE_BYTES`` bytes;
-    only the pages written take memory.
+    Virtual size is about ``8 * (MAX_SHARDS + RING_WORDS * RING_ENTRIES) *
+    workers + TABLE_BYTES`` bytes; only the pages written take memory.
     """
 
     def __init__(self, workers: int) -> None:
@@ -74,7 +85,8 @@ class SharedState:
         self.workers = workers
         self._rows = _HEADER_WORDS
         self._opens = self._rows + ROW_WORDS * workers
-        self._table = 8 * (self._opens + MAX_SHARDS * workers)
+        self._rings = self._opens + MAX_SHARDS * workers
+        self._table = 8 * (self._rings + RING_WORDS * RING_ENTRIES * workers)
         self.mm = mmap.mmap(-1, self._table + TABLE_BYTES)
         self.words = memoryview(self.mm)[: self._table].cast("q")
         self._last: Tuple[int, Any] = (-1, None)
@@ -165,6 +177,54 @@ class SharedState:
     def busy_with(self, position: int) -> int:
         """The table sequence worker `position` serves a request under, 0 when idle."""
         return self.words[self.row(position) + ACTIVE]
+
+    # ------------------------------------------------------------- rings
+
+    def ring_put(self, position: int, key: bytes, size: int) -> int:
+        """Give (`key`, `size` in bytes) the next number of `position`'s
+        ring (that worker only); returns the number (>= 1)."""
+        words = self.words
+        row = self.row(position)
+        number = words[row + RING_NEXT] + 1
+        words[row + RING_NEXT] = number
+        at = self._rings + (position * RING_ENTRIES + number % RING_ENTRIES) * RING_WORDS
+        words[at] = -1  # being written
+        words[at + 1:at + 5] = memoryview(key).cast("q")
+        words[at + 5] = size
+        words[at] = number
+        return number
+
+    def ring_get(self, position: int, number: int) -> "Tuple[bytes, int] | None":
+        """(key, size) given `number` in `position`'s ring, or None when
+        the entry was overwritten since (or `number` was never given)."""
+        if not 0 <= position < self.workers or number < 1:
+            return None
+        words = self.words
+        at = self._rings + (position * RING_ENTRIES + number % RING_ENTRIES) * RING_WORDS
+        if words[at] != number:
+            return None
+        key = words[at + 1:at + 5].tobytes()
+        size = words[at + 5]
+        if words[at] != number:
+            return None
+        return key, size
+
+    def ring_find(self, key: bytes) -> "List[Tuple[int, int]]":
+        """(position, number) of every ring entry holding `key` now."""
+        out = []
+        start = 8 * self._rings
+        end = self._table
+        entry = 8 * RING_WORDS
+        at = self.mm.find(key, start, end)
+        while at >= 0:
+            offset = at - start
+            if offset % entry == 8:  # the key field of an entry
+                index = offset // entry
+                number = self.words[self._rings + index * RING_WORDS]
+                if number > 0:
+                    out.append((index // RING_ENTRIES, number))
+            at = self.mm.find(key, at + 1, end)
+        return out
 
     def close(self) -> None:
         """Unmap (after every view of it is gone)."""

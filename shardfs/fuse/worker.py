@@ -77,6 +77,9 @@ class WorkerHooks(RequestHooks):
         self._kind_slots: Dict[str, int] = {}
         #: The row's totals when this process took it over (see `start`).
         self.base_lookups = self.base_probes = 0
+        #: A winery mount's `shardfs.fuse.winery.WineryView`, which follows
+        #: the table's "winery" part.
+        self.winery: Any = None
 
     def begin(self, kind: str) -> None:
         words = self.words
@@ -121,6 +124,8 @@ class WorkerHooks(RequestHooks):
         """Make the shard set what the coordinator last published."""
         seq, table = self.state.read()
         apply_table(self.shards, table, self.coordinator)
+        if self.winery is not None:
+            self.winery.update_from_table(table.get("winery", {}))
         self.seen = seq
 
 
@@ -214,6 +219,9 @@ def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordin
         clone_session_fd(session_fd)
         hooks = WorkerHooks(fs.shards, state, position, coordinator)
         fs.hooks = hooks
+        if fs.winery is not None:
+            fs.winery.attach(state, position)
+            hooks.winery = fs.winery
         hooks.start()
         hooks.sync()
 
@@ -224,6 +232,8 @@ def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordin
         log.debug("worker %d (position %d) serving", os.getpid(), position)
         inline.serve(pyfuse3.main, 1, 1)
         status = 0
+        if fs.winery is not None:
+            fs.winery.close()  # this worker's database connections
     except OSError as exc:
         if exc.errno not in (errno.ENODEV, errno.ECONNABORTED):
             log.error("worker %d (position %d): %s", os.getpid(), position, exc)

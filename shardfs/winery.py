@@ -84,6 +84,13 @@ class DatabaseUnavailable(WineryError):
     out): the caller answers EIO and tries again later."""
 
 
+class ImageNotMapped(DatabaseUnavailable):
+    """An object is present in a shard whose write shard table is gone
+    and whose image is not served here (not mapped on this host yet, or
+    not picked up yet by the last poll): it exists but cannot be read
+    now."""
+
+
 # ------------------------------------------------------------------ DSN
 
 
@@ -486,10 +493,11 @@ class Reader:
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def locate(self, key: bytes) -> Optional[Location]:
-        """Where `key`'s bytes are, or None when it is not an object here
-        (or its image is not mapped on this host and its table is gone).
+        """Where `key`'s bytes are, or None when it is not an object.
         An image hit asks nothing of the database; a miss makes one query,
-        and one more when the key is present."""
+        and one more when the key is present. Raises ImageNotMapped when
+        it is present in a shard with neither a table nor an image here,
+        DatabaseUnavailable."""
         loc = self.find_image(key)
         if loc is not None:
             return loc
@@ -503,9 +511,8 @@ class Reader:
                 hit = member.shard.find(key)  # packed since the image lookup
                 if hit is not None:
                     return Location(hit[2], member, hit[0], hit[1], shard_id)
-            log.debug("key %s present in shard %d, which is neither mapped here nor in the database",
-                      key.hex(), shard_id)
-            return None
+            raise ImageNotMapped(f"object {key.hex()} is in shard {shard_id}, whose image is not "
+                                 "served here (not mapped on this host?) and whose write shard is gone")
         return Location(size, shard_id=shard_id)
 
     def read(self, key: bytes, loc: Location, offset: int = 0, length: Optional[int] = None) -> bytes:
@@ -636,12 +643,23 @@ class WineryStore:
             except DatabaseUnavailable:
                 pass  # keep serving what is known; Database logged it
 
+    def _retry(self, call: Any) -> Any:
+        """`call()`, once more after a poll if an image was missing (a
+        shard cleaned since the last poll). Raises ImageNotMapped when it
+        is still missing."""
+        try:
+            return call()
+        except ImageNotMapped:
+            self.refresh()
+            return call()
+
     def get(self, key: Any) -> bytes:
         """The object's bytes. Raises KeyError when `key` is not an
-        object of the deployment (absent, deleted, in flight)."""
+        object of the deployment (absent, deleted, in flight),
+        ImageNotMapped when it is in an image not mapped here."""
         raw = normalize_key(key)
         self._maybe_refresh()
-        data = self.reader.get(raw)
+        data = self._retry(lambda: self.reader.get(raw))
         if data is None:
             raise KeyError(key)
         return data
@@ -650,12 +668,15 @@ class WineryStore:
         """The bytes of each key, in order (None where not an object)."""
         raws = [normalize_key(k) for k in keys]
         self._maybe_refresh()
-        return self.reader.get_batch(raws)
+        return self._retry(lambda: self.reader.get_batch(raws))
 
     def __contains__(self, key: Any) -> bool:
         raw = normalize_key(key)
         self._maybe_refresh()
-        return self.reader.locate(raw) is not None
+        try:
+            return self.reader.locate(raw) is not None
+        except ImageNotMapped:
+            return True  # it is an object, only not readable here now
 
     def __getitem__(self, key: Any) -> bytes:
         return self.get(key)

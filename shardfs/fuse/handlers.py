@@ -61,7 +61,7 @@ import pyfuse3
 
 from shardfs.fuse.layout import ROOT_INODE, Layout, object_inode, split_db_inode, split_object_inode
 from shardfs.fuse.shardset import MountedShard, ShardSet
-from shardfs.winery import DatabaseUnavailable
+from shardfs.winery import DatabaseUnavailable, ImageNotMapped
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -194,6 +194,9 @@ def _handler(fn: Callable[..., Any]) -> Callable[..., Any]:
             return await fn(self, *args)
         except pyfuse3.FUSEError:
             raise
+        except ImageNotMapped as exc:
+            log.warning("%s", exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except DatabaseUnavailable:  # logged once per outage by the Database
             raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as exc:
@@ -568,6 +571,13 @@ class ShardFS(pyfuse3.Operations):
                 begin, end = sc.range(_prefix_bytes(child, nbits), nbits)
                 if end > begin:
                     nonempty.add(child)
+        if self.winery is not None and len(nonempty) < len(children):
+            from shardfs.fuse.winery import key_range
+
+            # Children holding objects only in the database's write shards.
+            width_hex = self.layout.prefix_len(depth + 1)
+            for key, _ in self.winery.table_range(*key_range(self.layout.prefix_hex(depth, prefix))):
+                nonempty.add(int(key.hex()[:width_hex], 16))
         out = []
         for child in sorted(nonempty):
             name = self.layout.child_name(depth + 1, child)

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from shardfs.fuse.layout import db_inode, split_db_inode
-from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, Location, Reader
+from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped, Location, Reader
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -49,6 +49,9 @@ class WineryView:
         self._local: Dict[int, Tuple[bytes, int]] = {}  # without shared state
         self._locations: Dict[bytes, Tuple[float, Location]] = {}
         self._db_listing: Tuple[Any, List[Tuple[bytes, int]]] = (None, [])
+        #: Waits (at most the seconds given) for the coordinator to publish
+        #: a new table and takes it; True if it did (set by the worker).
+        self.wait_for_table: Optional[Callable[[float], bool]] = None
 
     def attach(self, state: Any, position: int) -> None:
         """Use worker `position`'s inode ring in `state` from now on."""
@@ -108,7 +111,14 @@ class WineryView:
             loc = hit[1]
             if not self.reader.is_hidden(key, loc.shard_id) and (loc.member is None or not loc.member.removed):
                 return loc
-        loc = self.reader.locate(key)
+        try:
+            loc = self.reader.locate(key)
+        except ImageNotMapped:
+            # Often a shard cleaned (its table dropped) since the last poll:
+            # the next table serves its image.
+            if self.wait_for_table is None or not self.wait_for_table(2 * POLL_SECONDS + 0.5):
+                raise
+            loc = self.reader.locate(key)
         if len(self._locations) >= LOCATION_CACHE:
             self._locations.clear()
         if loc is not None:

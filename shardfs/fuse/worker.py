@@ -120,6 +120,19 @@ class WorkerHooks(RequestHooks):
         self.base_lookups = self.words[self.row + LOOKUPS] - self.shards.lookups
         self.base_probes = self.words[self.row + PROBES] - self.shards.probes
 
+    def wait_for_publish(self, timeout: float) -> bool:
+        """Wait at most `timeout` seconds for the coordinator to publish a
+        table newer than the one served, and take it; True if it did."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.words[SEQ] == self.seen:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        self.sync()
+        return True
+
     def sync(self) -> None:
         """Make the shard set what the coordinator last published."""
         seq, table = self.state.read()
@@ -221,6 +234,7 @@ def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordin
         fs.hooks = hooks
         if fs.winery is not None:
             fs.winery.attach(state, position)
+            fs.winery.wait_for_table = hooks.wait_for_publish
             hooks.winery = fs.winery
         hooks.start()
         hooks.sync()

@@ -1,0 +1,342 @@
+"""shardfs over a real winery object storage (swh-objstorage 7.4.1): the
+Python API (`shardfs.winery.WineryStore`) and `shardfs mount --winery`.
+
+Every deployment is made by swh-objstorage's own code on a real PostgreSQL
+(tests/winery_deploy.py): objects added with its writer, shards packed,
+cleaned, objects deleted and purged by its housekeeping. shardfs reads it
+as the read-only ``guest`` role (SELECT rights only).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mounting import SHARDFS, mount_processes, needs_fuse, run, wait_until
+
+pytestmark = pytest.mark.winery(shard_max_size=4096)
+
+#: The bound the README promises for new objects, shards and takedowns.
+LIVE_BOUND = 5.0
+
+
+def blobs(tag: str, count: int, size: int = 300) -> list:
+    """`count` distinct contents of about `size` bytes."""
+    return [(f"{tag}-{i}-".encode() * (size // 8 + 1))[:size] + str(i).encode() for i in range(count)]
+
+
+def build(winery, readonly: int = 20, packed: int = 20, written: int = 10):
+    """A deployment with objects in readonly shards (images only), packed
+    shards (image and table) and write shards (table only). Returns
+    (contents by key, keys by where)."""
+    where = {}
+    data = {}
+    for name, count in (("readonly", readonly), ("packed", packed)):
+        keys = winery.add_many(blobs(name, count))
+        winery.release()
+        assert winery.pack_full()
+        if name == "readonly":
+            assert winery.clean()
+        where[name] = keys
+    where["written"] = winery.add_many(blobs("written", written, 200))
+    for name, keys in where.items():
+        for key, content in zip(keys, blobs(name, len(keys), 300 if name != "written" else 200)):
+            data[key] = content
+    states = {state for _, _, state, _ in winery.shards()}
+    assert {"readonly", "packed"} <= states, states
+    return data, where
+
+
+def store_of(winery):
+    from shardfs.winery import WineryStore
+
+    return WineryStore(winery.readonly_dsn, pools_dir=winery.pools_dir)
+
+
+# ------------------------------------------------------------------ API
+
+
+def test_api_reads_images_and_write_shards(winery):
+    data, where = build(winery)
+    with store_of(winery) as store:
+        assert store.schema == 5
+        for key, content in data.items():
+            assert store.get(key) == content
+            assert store.get(key.hex()) == content
+            assert key in store
+        absent = hashlib.sha256(b"never added").digest()
+        assert absent not in store
+        with pytest.raises(KeyError):
+            store.get(absent)
+        keys = list(data)[::3] + [absent]
+        assert store.get_batch(keys) == [data.get(k) for k in keys]
+        with pytest.raises(ValueError):
+            store.get("not a key")
+
+
+def test_api_image_hits_make_no_query_and_absent_keys_one(winery):
+    data, where = build(winery)
+    with store_of(winery) as store:
+        reader, db = store.reader, store.db
+        before = db.queries
+        for key in where["readonly"] + where["packed"]:
+            assert reader.get(key) == data[key]
+        assert db.queries == before, "an object in an image cost a database query"
+        reader.get(hashlib.sha256(b"absent").digest())
+        assert db.queries == before + 1, "an absent key cost more than one query"
+        before = db.queries
+        assert reader.get(where["written"][0]) == data[where["written"][0]]
+        assert db.queries - before <= 3
+
+
+def test_api_hides_deleted_keys_everywhere(winery):
+    data, where = build(winery)
+    gone = [where["readonly"][0], where["packed"][1], where["written"][2]]
+    for key in gone:
+        winery.delete(key)
+    with store_of(winery) as store:
+        for key in gone:
+            assert key not in store
+            with pytest.raises(KeyError):
+                store.get(key)
+        assert store.get_batch(gone) == [None, None, None]
+        # The bytes of the first are still in its image until swh's cleaner
+        # runs: shardfs must not serve them.
+        from shardfs import Shard
+
+        name = winery.signature(gone[0])[0]
+        with Shard(winery.image_path(name)) as shard:
+            assert shard.get(gone[0]) == data[gone[0]]
+    # swh's cleaner needs every shard holding a deleted key to have an image.
+    winery.release()
+    winery.pack_full()
+    winery.clean()
+    assert winery.clean_deleted() == 3  # zeroes them in the images, removes the rows
+    with store_of(winery) as store:
+        for key in gone:
+            assert key not in store
+        for key in where["readonly"][1:] + where["packed"][2:] + where["written"][3:]:
+            assert store.get(key) == data[key]
+
+
+def test_api_follows_a_shard_packed_and_cleaned_meanwhile(winery):
+    keys = winery.add_many(blobs("moving", 15))
+    with store_of(winery) as store:
+        assert all(store.get(k) for k in keys)
+        winery.release()
+        winery.pack_full()
+        winery.clean()
+        time.sleep(1.1)  # the next call polls the catalog again
+        for k, content in zip(keys, blobs("moving", 15)):
+            assert store.get(k) == content
+        assert len(store.shards) >= 1
+
+
+def test_api_refuses_a_wrong_dsn_and_a_database_that_is_not_winery(winery, postgres_server):
+    from shardfs.winery import WineryError, WineryStore
+
+    with pytest.raises(WineryError) as info:
+        WineryStore(winery.readonly_dsn.replace("password=guest", "password=wrong"))
+    assert "\n" not in str(info.value) and "wrong" not in str(info.value)
+    with pytest.raises(WineryError, match="not a winery database"):
+        WineryStore(postgres_server.dsn("postgres"))
+
+
+# ---------------------------------------------------------------- mount
+
+
+def mount_winery(mounter, winery, point: Path, *extra: str) -> Path:
+    return mounter.mount([], point, "--winery", winery.readonly_dsn, "--winery-pools-dir",
+                         winery.pools_dir, *extra)
+
+
+def path_of(point: Path, key: bytes) -> Path:
+    return point / key.hex()
+
+
+@needs_fuse
+def test_mount_serves_images_and_write_shards_and_hides_deleted(winery, mounter, tmp_path):
+    data, where = build(winery)
+    gone = [where["readonly"][3], where["written"][4]]
+    for key in gone:
+        winery.delete(key)
+    point = mount_winery(mounter, winery, tmp_path / "m")
+    for key, content in data.items():
+        if key in gone:
+            assert not path_of(point, key).exists()
+            continue
+        assert path_of(point, key).read_bytes() == content
+        # Also where the fan-out layout lists it.
+        name = key.hex()
+        assert (point / name[:2] / name[2:4] / name).read_bytes() == content
+    # sha256sum through the mount: every name is its content's hash.
+    names = [key.hex() for key in data if key not in gone]
+    out = run(["sha256sum", *names], cwd=point, check=True).stdout
+    assert all(line.split()[0] == line.split()[1] for line in out.splitlines())
+    # Listings show write shard objects and leave deleted ones out.
+    listed = set()
+    for dirpath, _, files in os.walk(point):
+        listed.update(files)
+    assert listed == set(names)
+
+
+@needs_fuse
+def test_mount_is_live_new_objects_shards_and_takedowns(winery, mounter, tmp_path):
+    data, where = build(winery, readonly=10, packed=10, written=5)
+    point = mount_winery(mounter, winery, tmp_path / "m")
+    # A new object (in a write shard) shows within the bound, even after a
+    # lookup of its name failed (no negative entry cached longer).
+    content = b"a new object"
+    key = hashlib.sha256(content).digest()
+    assert not path_of(point, key).exists()
+    winery.add(content)
+    t0 = time.monotonic()
+    assert wait_until(lambda: path_of(point, key).exists(), timeout=LIVE_BOUND)
+    assert path_of(point, key).read_bytes() == content
+    # Takedowns: of an object in a readonly image, read (and cached by the
+    # kernel) just before, and of one in a write shard.
+    victims = [where["readonly"][0], where["packed"][0], key]
+    for v in victims:
+        assert path_of(point, v).read_bytes()
+    for v in victims:
+        winery.delete(v)
+    t0 = time.monotonic()
+    assert wait_until(lambda: not any(path_of(point, v).exists() for v in victims), timeout=LIVE_BOUND), \
+        "a taken-down object is still visible after the live bound"
+    took = time.monotonic() - t0
+    for v in victims:
+        with pytest.raises(FileNotFoundError):
+            path_of(point, v).read_bytes()
+    # A new read shard: the write shard packed and cleaned under the mount.
+    winery.release()
+    winery.pack_full()
+    winery.clean()
+    for k in where["written"]:
+        assert path_of(point, k).read_bytes() == data[k]
+    print(f"takedown seen after {took:.2f} s")
+
+
+@needs_fuse
+def test_mount_readers_while_shards_are_packed(winery, mounter, tmp_path):
+    keys = winery.add_many(blobs("busy", 40))
+    contents = dict(zip(keys, blobs("busy", 40)))
+    point = mount_winery(mounter, winery, tmp_path / "m", "-o", "workers=2")
+    errors, stop = [], threading.Event()
+
+    def reader(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            k = keys[(i * 7 + n) % len(keys)]
+            n += 1
+            try:
+                got = path_of(point, k).read_bytes()
+                if got != contents[k]:
+                    errors.append(f"{k.hex()}: wrong bytes")
+            except OSError as exc:
+                errors.append(f"{k.hex()}: {exc}")
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        winery.release()
+        winery.pack_full()
+        time.sleep(1.5)
+        winery.clean()
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert errors == []
+    stats = os.getxattr(point, "user.shardfs.stats")
+    assert b'"shards": ' in stats
+
+
+@needs_fuse
+def test_mount_survives_postgresql_restart(winery, mounter, tmp_path, postgres_server):
+    data, where = build(winery, readonly=10, packed=5, written=5)
+    point = mount_winery(mounter, winery, tmp_path / "m")
+    image_key, db_key = where["readonly"][0], where["written"][0]
+    assert path_of(point, db_key).read_bytes() == data[db_key]
+    postgres_server.stop()
+    try:
+        # Images keep being served, by name already known or not.
+        for k in where["readonly"] + where["packed"]:
+            assert path_of(point, k).read_bytes() == data[k]
+        # An object only in the database: EIO within the documented bound.
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as info:
+            path_of(point, where["written"][1]).read_bytes()
+        assert info.value.errno == errno.EIO
+        assert time.monotonic() - t0 < 10.0
+    finally:
+        postgres_server.start()
+    # Reconnected by itself.
+    assert wait_until(lambda: _readable(path_of(point, where["written"][1])), timeout=15)
+    assert path_of(point, image_key).read_bytes() == data[image_key]
+
+
+def _readable(path: Path) -> bool:
+    try:
+        path.read_bytes()
+        return True
+    except OSError:
+        return False
+
+
+@needs_fuse
+def test_mount_keeps_the_password_out_of_ps_mounts_and_logs(winery, mounter, tmp_path):
+    log = tmp_path / "fuse.log"
+    build(winery, readonly=5, packed=5, written=3)
+    point = mount_winery(mounter, winery, tmp_path / "m", "--log-file", str(log), "--debug")
+    os.listdir(point)
+    secret = "password=guest"
+    for pid in mount_processes(point):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert b"guest" not in f.read().replace(b"user=guest", b"")
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert secret.encode() not in f.read()
+    with open("/proc/mounts") as f:
+        line = [l for l in f if str(point) in l][0]
+    assert "guest" not in line and "winery" in line
+    assert secret not in log.read_text()
+
+
+@needs_fuse
+def test_mount_connections_are_bounded_and_closed_at_unmount(winery, mounter, tmp_path):
+    build(winery, readonly=5, packed=5, written=10)
+    point = mount_winery(mounter, winery, tmp_path / "m", "-o", "workers=2")
+
+    def connections() -> int:
+        with winery.connect() as c:
+            return c.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = 'guest' "
+                             "AND datname = %s", (winery.dbname,)).fetchone()[0]
+
+    for dirpath, _, files in os.walk(point):
+        for f in files:
+            Path(dirpath, f).read_bytes()
+    n = connections()
+    assert 1 <= n <= 1 + 2 * 2, n
+    run(SHARDFS + ["umount", str(point)], check=True)
+    assert wait_until(lambda: connections() == 0, timeout=10), connections()
+
+
+def test_mount_refuses_a_wrong_dsn_in_one_line(winery, tmp_path):
+    point = tmp_path / "m"
+    point.mkdir()
+    bad = winery.readonly_dsn.replace("password=guest", "password=nope")
+    proc = run(SHARDFS + ["mount", "--winery", bad, str(point)])
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "nope" not in proc.stderr
+    proc = run(SHARDFS + ["mount", "--winery", winery.server.dsn("postgres"), str(point)])
+    assert proc.returncode != 0 and "not a winery database" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -8,7 +8,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
-	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools
+	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools \
+	postgresql libpq-dev libsystemd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)

@@ -69,3 +69,46 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, which must run every test: {reason}"
+
+
+# ------------------------------------------------------------------ winery
+# A real PostgreSQL server for the session and a real swh-objstorage winery
+# deployment per test (tests/pg_server.py, tests/winery_deploy.py). Imported
+# lazily: sessions that use neither load neither psycopg nor swh.objstorage.
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "winery(**kwargs): keyword arguments of the `winery` fixture's "
+        "winery_deploy.Deployment (shard_max_size, pool_name, use_permissions, ...)")
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A pg_server.PostgresServer started for the session (127.0.0.1, a free
+    port), destroyed at its end. Tests may stop(), start() and restart() it;
+    the `winery` fixture starts it again if a test left it stopped. If it
+    cannot start, the tests using it error out (never skip)."""
+    from pg_server import PostgresServer
+    server = PostgresServer()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def winery(postgres_server, tmp_path, request):
+    """A winery_deploy.Deployment on its own new database, images under
+    tmp_path/"pools"; closed and its database dropped after the test.
+    Options: @pytest.mark.winery(shard_max_size=..., ...)."""
+    from winery_deploy import Deployment
+    marker = request.node.get_closest_marker("winery")
+    kwargs = dict(marker.kwargs) if marker else {}
+    if not postgres_server.running:
+        postgres_server.start()
+    deployment = Deployment(postgres_server, tmp_path / "pools", **kwargs)
+    yield deployment
+    if not postgres_server.running:
+        postgres_server.start()
+    try:
+        deployment.close()
+    finally:
+        deployment.drop()

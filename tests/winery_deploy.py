@@ -56,7 +56,10 @@ from swh.objstorage.backends.winery.pools import pool_from_settings
 from swh.objstorage.backends.winery.sharedbase import ShardState, SharedBase
 from swh.objstorage.objstorage import objid_for_content
 
-from pg_server import PostgresServer  # noqa: F401  (re-exported for the fixtures)
+from pg_server import PostgresServer
+
+__all__ = ["Deployment", "PostgresServer", "winery_template", "DEFAULT_SHARD_MAX_SIZE",
+           "DEFAULT_POOL_NAME", "READONLY_USER", "READONLY_PASSWORD"]
 
 READONLY_USER = "guest"
 READONLY_PASSWORD = "guest"

@@ -349,8 +349,9 @@ class Catalog:
         yet (one not there yet is tried again at the next sync), stop
         serving shards the database no longer lists, and hide the keys it
         says are deleted (for good: a deleted key stays hidden in that
-        shard even once winery's cleaner removed its row) or in flight in
-        an image. Raises DatabaseUnavailable (nothing changed)."""
+        shard even once winery's cleaner removed its row) and the keys of
+        a newly served image it does not list present there
+        (`unlisted_keys`). Raises DatabaseUnavailable (nothing changed)."""
         rows, deleted = self.poll()
         self.polled_at = time.monotonic()
         self.polls += 1
@@ -376,15 +377,13 @@ class Catalog:
                     log.info("shard %s (%s): image not served yet: %s", row.name, row.state, message)
                 continue
             try:
-                inflight = [(bytes(r[0]), shard_id) for r in self.db.query(
-                    "SELECT signature FROM signature2shard WHERE shard = %s AND state = 'inflight'",
-                    (shard_id,))]
+                unlisted = self.unlisted_keys(shard_id, shard)
             except BaseException:
                 shard.close()
                 if sidecar is not None:
                     sidecar.close()
                 raise
-            hidden += self._hide(inflight)
+            hidden += self._hide((key, shard_id) for key in unlisted)
             self._missing.pop(shard_id, None)
             added.append(shards.add(path, shard=shard, sidecar=sidecar, number=shard_id,
                                     sidecar_dir=shards.cache_dir if sidecar is not None else None))
@@ -393,6 +392,34 @@ class Catalog:
         self.tables = tables
         self.rows = rows
         return CatalogChange(added, removed, hidden, tables_changed)
+
+    def unlisted_keys(self, shard_id: int, shard: Any) -> List[bytes]:
+        """Keys of image `shard` (of shard `shard_id`) that must not be
+        served from it: those in flight or deleted, and those the database
+        does not list for this shard at all (winery's cleaner removes the
+        row of an object deleted while its shard was packed without erasing
+        it from the image; a key added again since is in another shard).
+
+        Cost: index range queries on ``signature2shard(shard, state)`` for
+        the counts and the few keys in flight or deleted, and a scan of the
+        image's index; only when the counts disagree, the shard's present
+        keys are read too (memory: 33 bytes per object)."""
+        counts = dict(self.db.query(
+            "SELECT state::text, count(*) FROM signature2shard WHERE shard = %s "
+            "AND state IN ('present', 'inflight') GROUP BY state", (shard_id,)))
+        odd = [bytes(r[0]) for r in self.db.query(
+            "SELECT signature FROM signature2shard WHERE shard = %s AND state IN ('inflight', 'deleted')",
+            (shard_id,))]
+        odd_in_image = sum(1 for key in odd if shard.find(key) is not None)
+        live = len(shard)
+        if live == counts.get("present", 0) + odd_in_image:
+            return odd
+        present = {bytes(r[0]) for r in self.db.query(
+            "SELECT signature FROM signature2shard WHERE shard = %s AND state = 'present'", (shard_id,))}
+        extra = [key for _, key, _, _ in shard.scan(0, 65536) if key not in present]
+        log.info("shard %d: %d object(s) of its image are not listed present for it: not served",
+                 shard_id, len(extra))
+        return extra
 
     def table(self) -> Dict[str, Any]:
         """What a reader in another process needs (JSON-ready): the write

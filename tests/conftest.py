@@ -6,7 +6,9 @@ the mounting suites with the default and with 1)."""
 
 import os
 import shutil
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from mounting import Mounter, run
@@ -112,3 +114,33 @@ def winery(postgres_server, tmp_path, request):
         deployment.close()
     finally:
         deployment.drop()
+
+
+#: PATH mount.fuse3 searches for the "shardfs" helper.
+HELPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@pytest.fixture
+def shardfs_helper_in_path():
+    """`shardfs` in mount.fuse3's PATH: a temporary /usr/local/bin/shardfs
+    wrapper unless that path exists already."""
+    if os.geteuid() != 0:
+        pytest.skip("mount -t fuse.shardfs needs root")
+    if shutil.which("mount.fuse3", path=HELPER_PATH) is None or shutil.which("mount") is None:
+        pytest.skip("needs mount and mount.fuse3")
+    wrapper = Path("/usr/local/bin/shardfs")
+    created = False
+    if not os.path.lexists(wrapper):
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        wrapper.write_text(
+            "#!/bin/sh\n"
+            "# temporary wrapper made by tests/conftest.py; removed after the test\n"
+            f"PYTHONPATH='{repo}'${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH\n"
+            f"exec '{sys.executable}' -m shardfs \"$@\"\n"
+        )
+        wrapper.chmod(0o755)
+        created = True
+    yield wrapper
+    if created:
+        wrapper.unlink()

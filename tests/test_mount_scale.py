@@ -64,8 +64,6 @@ LIVE_DELAY = 5.0  # seconds a shard directory change may take to show
 STATS_XATTR = "user.shardfs.stats"
 SHARD_XATTR = "user.shardfs.shard"
 OFFSET_XATTR = "user.shardfs.offset"
-#: PATH mount.fuse3 searches for the "shardfs" helper.
-HELPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Timings of the slow steps, printed with -s (for the report).
 TIMINGS: Dict[str, float] = {}
@@ -973,32 +971,6 @@ def test_mount_helper_form(small, mounter, tmp_path):
     blob = b"arrives after the helper mount"
     build_shard(shard_dir / "b.shard", [blob])
     timed_wait(readable(point2 / key_of(blob), blob))
-
-
-@pytest.fixture
-def shardfs_helper_in_path():
-    """`shardfs` in mount.fuse3's PATH: a temporary /usr/local/bin/shardfs
-    wrapper unless that path exists already."""
-    if os.geteuid() != 0:
-        pytest.skip("mount -t fuse.shardfs needs root")
-    if shutil.which("mount.fuse3", path=HELPER_PATH) is None or shutil.which("mount") is None:
-        pytest.skip("needs mount and mount.fuse3")
-    wrapper = Path("/usr/local/bin/shardfs")
-    created = False
-    if not os.path.lexists(wrapper):
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(shardfs.__file__)))
-        wrapper.parent.mkdir(parents=True, exist_ok=True)
-        wrapper.write_text(
-            "#!/bin/sh\n"
-            "# temporary wrapper made by tests/test_mount_scale.py; removed after the test\n"
-            f"PYTHONPATH='{repo}'${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH\n"
-            f"exec '{sys.executable}' -m shardfs \"$@\"\n"
-        )
-        wrapper.chmod(0o755)
-        created = True
-    yield wrapper
-    if created:
-        wrapper.unlink()
 
 
 def test_mount_t_fuse_shardfs_and_umount(small, shardfs_helper_in_path, mounter, tmp_path):

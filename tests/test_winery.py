@@ -126,6 +126,27 @@ def test_api_hides_deleted_keys_everywhere(winery):
             assert store.get(key) == data[key]
 
 
+def test_api_hides_keys_purged_from_the_database_but_left_in_an_image(winery):
+    """swh's cleaner removes the row of an object deleted while its shard
+    is packed without erasing it from the image: a reader that starts
+    afterwards (no 'deleted' row to see) must still not serve it."""
+    data, where = build(winery, readonly=5, packed=10, written=0)
+    victim = where["packed"][3]
+    winery.delete(victim)
+    assert winery.clean_deleted() == 1
+    assert winery.signature(victim) is None
+    from shardfs import Shard
+
+    with Shard(winery.image_path(winery.shards()[-1][1])) as shard:
+        assert shard.get(victim) == data[victim]  # the bytes are still there
+    with store_of(winery) as store:
+        assert victim not in store
+        assert store.get_batch([victim]) == [None]
+        for key in where["packed"]:
+            if key != victim:
+                assert store.get(key) == data[key]
+
+
 def test_api_follows_a_shard_packed_and_cleaned_meanwhile(winery):
     keys = winery.add_many(blobs("moving", 15))
     with store_of(winery) as store:
@@ -340,3 +361,23 @@ def test_mount_refuses_a_wrong_dsn_in_one_line(winery, tmp_path):
     proc = run(SHARDFS + ["mount", "--winery", winery.server.dsn("postgres"), str(point)])
     assert proc.returncode != 0 and "not a winery database" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@needs_fuse
+def test_fstab_form_with_a_uri_and_a_password_file(winery, shardfs_helper_in_path, mounter, tmp_path,
+                                                     postgres_server):
+    """The fstab line of the README: `mount -t fuse.shardfs postgresql://...
+    MP -o winery_pools_dir=...`, the password in a libpq password file."""
+    data, where = build(winery, readonly=5, packed=5, written=3)
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"127.0.0.1:{postgres_server.port}:*:guest:guest\n")
+    passfile.chmod(0o600)
+    uri = f"postgresql://guest@127.0.0.1:{postgres_server.port}/{winery.dbname}"
+    point = tmp_path / "m"
+    env = dict(os.environ, PGPASSFILE=str(passfile))
+    proc = mounter.command(["mount", "-t", "fuse.shardfs", "-o", f"ro,winery_pools_dir={winery.pools_dir}",
+                            uri, str(point)], point, env=env)
+    assert proc.returncode == 0, proc.stderr
+    for key in where["readonly"] + where["written"]:
+        assert path_of(point, key).read_bytes() == data[key]
+    assert run(["umount", str(point)]).returncode == 0

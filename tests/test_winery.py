@@ -381,3 +381,31 @@ def test_fstab_form_with_a_uri_and_a_password_file(winery, shardfs_helper_in_pat
     for key in where["readonly"] + where["written"]:
         assert path_of(point, key).read_bytes() == data[key]
     assert run(["umount", str(point)]).returncode == 0
+
+
+def test_inode_rings_resolve_across_positions_and_go_stale_when_overwritten():
+    """The shared rings that name database objects: any process resolves
+    an entry; an entry overwritten RING_ENTRIES numbers later resolves to
+    nothing (ESTALE for the kernel); ring_find lists every live entry of a
+    key (what a takedown invalidates)."""
+    from shardfs.fuse.layout import db_inode, split_db_inode, split_object_inode
+    from shardfs.fuse.shared import RING_ENTRIES, SharedState
+
+    state = SharedState(3)
+    try:
+        a, b = hashlib.sha256(b"a").digest(), hashlib.sha256(b"b").digest()
+        na = state.ring_put(0, a, 10)
+        nb = state.ring_put(2, b, 20)
+        na2 = state.ring_put(2, a, 10)
+        assert state.ring_get(0, na) == (a, 10) and state.ring_get(2, nb) == (b, 20)
+        assert state.ring_get(1, na) is None and state.ring_get(2, 12345) is None
+        assert sorted(state.ring_find(a)) == [(0, na), (2, na2)]
+        inode = db_inode(2, nb)
+        assert split_db_inode(inode) == (2, nb) and split_object_inode(inode) is None
+        for i in range(RING_ENTRIES):
+            state.ring_put(2, a, i)
+        assert state.ring_get(2, nb) is None
+        assert state.ring_find(b) == []
+        assert state.ring_get(0, na) == (a, 10)
+    finally:
+        state.close()

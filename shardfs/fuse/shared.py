@@ -212,18 +212,20 @@ class SharedState:
     def ring_find(self, key: bytes) -> "List[Tuple[int, int]]":
         """(position, number) of every ring entry holding `key` now."""
         out = []
-        start = 8 * self._rings
-        end = self._table
         entry = 8 * RING_WORDS
-        at = self.mm.find(key, start, end)
-        while at >= 0:
-            offset = at - start
-            if offset % entry == 8:  # the key field of an entry
-                index = offset // entry
-                number = self.words[self._rings + index * RING_WORDS]
-                if number > 0:
-                    out.append((index // RING_ENTRIES, number))
-            at = self.mm.find(key, at + 1, end)
+        for position in range(self.workers):
+            # Only the entries given out so far: usually a small part.
+            used = min(self.words[self.row(position) + RING_NEXT] + 1, RING_ENTRIES)
+            start = 8 * (self._rings + position * RING_ENTRIES * RING_WORDS)
+            end = start + used * entry
+            at = self.mm.find(key, start, end)
+            while at >= 0:
+                offset = at - start
+                if offset % entry == 8:  # the key field of an entry
+                    number = self.words[(start + offset - 8) // 8]
+                    if number > 0:
+                        out.append((position, number))
+                at = self.mm.find(key, at + 1, end)
         return out
 
     def close(self) -> None:

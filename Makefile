@@ -16,7 +16,7 @@ LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h
 
-.PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
+.PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full bench-winery clean \
 	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
 
 all: venv
@@ -103,6 +103,11 @@ bench-workers: venv
 bench-scale: venv
 	mkdir -p bench/results && set -o pipefail && \
 	$(PY) bench/scale_bench.py $(ARGS) | tee bench/results/scale.log
+
+# Winery: random object reads on one winery deployment, winery's own reader
+# against shardfs's WineryStore and a shardfs mount (bench/winery_bench.py).
+bench-winery: venv
+	$(PY) bench/winery_bench.py --json bench/results/winery.json --md bench/results/winery.md
 
 # ---------------------------------------------------------------- sanitizers
 # test-asan: the C tests and the fuzz regressions and seeds built with gcc's

@@ -582,26 +582,50 @@ class Reader:
                 continue  # its table went away meanwhile: it is in an image now
         return None
 
-    def prefetch(self, keys: Sequence[bytes], data_bytes: int = 64 * 1024) -> None:
-        """Start reading, without waiting, what finding and reading `keys`
-        in the served images will read: first the index slot of each key
-        in each shard its filter names, then (once those are in) the first
-        `data_bytes` of each object they point to. The device then serves
-        the reads of a batch in parallel instead of one after the other.
-        Errors are ignored (the reads that follow report them)."""
+    def read_cached(self, keys: Sequence[bytes], data_bytes: int = 64 * 1024) -> Dict[int, bytes]:
+        """Read from the page cache what it holds of `keys` in the served
+        images, and start reading the rest without waiting: returns
+        {position in keys: bytes} for the objects read.
+
+        For each key, in the order `find_image` uses: the index slot and
+        the object are read with RWF_NOWAIT. What is not cached is asked
+        for with posix_fadvise(WILLNEED) (the slot; once all slots are
+        asked for, the first `data_bytes` of each object they point to),
+        so the device serves a cold batch's reads in parallel while a warm
+        batch costs no extra call. A key hidden in a shard, or in no
+        image, is left to the caller. Errors are left to the reads that
+        follow."""
+        done: Dict[int, bytes] = {}
         slots = []
-        for key in keys:
+        for i, key in enumerate(keys):
+            hidden = self.hidden.get(key)
             for number in self.shards.filters.candidates(key):
                 member = self.shards.get(number)
                 if member is None or member.removed:
                     continue
+                shard = member.shard
                 try:
-                    shard = member.shard
-                    at = shard.header.index_position + 40 * shard.slot_of(key)
-                    os.posix_fadvise(shard.fileno(), at, 40, os.POSIX_FADV_WILLNEED)
-                    slots.append((shard, at, key))
-                except (OSError, ValueError):
+                    hit = shard.find(key, nowait=True)
+                except BlockingIOError:
+                    try:
+                        at = shard.header.index_position + 40 * shard.slot_of(key)
+                        os.posix_fadvise(shard.fileno(), at, 40, os.POSIX_FADV_WILLNEED)
+                        slots.append((shard, at, key))
+                    except (OSError, ValueError):
+                        pass
                     continue
+                except Exception:
+                    break  # a corrupt slot: the caller's read reports it
+                if hit is None:
+                    continue
+                if hidden is None or number not in hidden:
+                    try:
+                        done[i] = shard.try_pread(hit[1], hit[2], 0, hit[2])
+                    except BlockingIOError:
+                        shard.prefetch(hit[1], hit[2], data_bytes)
+                    except Exception:
+                        pass
+                break
         for shard, at, key in slots:
             try:
                 entry = os.pread(shard.fileno(), 40, at)
@@ -613,18 +637,22 @@ class Reader:
                                      os.POSIX_FADV_WILLNEED)
             except (OSError, ValueError):
                 continue
+        return done
 
     def get_batch(self, keys: Sequence[bytes]) -> List[Optional[bytes]]:
-        """`get` of many keys, in order (`prefetch` first): image hits read directly, the
-        rest in one query on ``signature2shard`` and one per write shard
-        table they are in."""
+        """`get` of many keys, in order: image hits read directly (what
+        the page cache holds first, the rest asked for in parallel by
+        `read_cached`), the rest in one query on ``signature2shard`` and
+        one per write shard table they are in."""
         import psycopg
 
         out: List[Optional[bytes]] = [None] * len(keys)
         missing: Dict[bytes, List[int]] = {}
-        if len(keys) > 1:
-            self.prefetch(keys)
+        cached = self.read_cached(keys) if len(keys) > 1 else {}
         for i, key in enumerate(keys):
+            if i in cached:
+                out[i] = cached[i]
+                continue
             loc = self.find_image(key)
             if loc is not None:
                 out[i] = self.read(key, loc)

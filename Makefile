@@ -54,7 +54,8 @@ test-c: apt tests/c/test_shard tests/c/test_sidecar
 # The suites that mount run twice: with the default worker count, then with
 # one worker per mount (SHARDFS_WORKERS=1: workers=1 must keep working; the
 # 60-s stress tests are shortened to 20 s there).
-MOUNT_TESTS := tests/test_fuse.py tests/test_mount_scale.py tests/test_workers.py tests/test_hardening.py
+MOUNT_TESTS := tests/test_fuse.py tests/test_mount_scale.py tests/test_workers.py tests/test_hardening.py \
+	tests/test_winery.py
 
 test-py: venv
 	$(PY) -m pytest -q tests

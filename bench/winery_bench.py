@@ -110,10 +110,14 @@ METHODS = [
     ("api-get", "shardfs WineryStore.get"),
     ("api-batch", "shardfs WineryStore.get_batch"),
     ("mount-read", "mount: open/read/close in-process"),
+    ("mount-read-4", "mount: open/read/close, 4 reader threads"),
     ("mount-xargs-cat", "mount: xargs cat"),
     ("mount-cat-1", "mount: one cat per file (xargs -n 1)"),
 ]
-MOUNT_METHODS = ("mount-read", "mount-xargs-cat", "mount-cat-1")
+MOUNT_METHODS = ("mount-read", "mount-read-4", "mount-xargs-cat", "mount-cat-1")
+#: Reader threads of "mount-read-4" (what a program reading many objects
+#: at once, or `xargs -P`, does).
+PARALLEL_READERS = 4
 LOCATIONS = [("read", "read shards"), ("write", "write shards")]
 TEMPS = ("cold", "warm")
 BASELINE = "winery-get"
@@ -308,8 +312,10 @@ class Bench:
             for batch in batches:
                 out.extend(get_batch(batch))
             return perf() - t0, out
-        assert method == "mount-read"
+        assert method in ("mount-read", "mount-read-4")
         paths = [os.path.join(self.mp, k.hex()) for k in keys]
+        if method == "mount-read-4":
+            return self.parallel_read(paths)
         open_, read, close, flags = os.open, os.read, os.close, os.O_RDONLY
         # A hung mount must not wedge the run: abort the FUSE connection.
         dog = threading.Timer(self.args.timeout, abort_fuse_connection, [self.mp])
@@ -330,6 +336,29 @@ class Bench:
                     close(fd)
                 append(data)
             t1 = perf()
+        finally:
+            dog.cancel()
+        if t1 - t0 >= self.args.timeout:
+            raise TimeoutError(f"over {self.args.timeout:g} s (FUSE connection aborted)")
+        return t1 - t0, out
+
+    def parallel_read(self, paths: List[str]) -> Tuple[float, List[Any]]:
+        """Read `paths` with PARALLEL_READERS threads (open/read/close each);
+        (seconds, contents in the order of `paths`)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def read_one(p: str) -> bytes:
+            with open(p, "rb", buffering=0) as f:
+                return f.read()
+
+        dog = threading.Timer(self.args.timeout, abort_fuse_connection, [self.mp])
+        dog.daemon = True
+        dog.start()
+        try:
+            with ThreadPoolExecutor(PARALLEL_READERS) as pool:
+                t0 = time.perf_counter()
+                out = list(pool.map(read_one, paths, chunksize=16))
+                t1 = time.perf_counter()
         finally:
             dog.cancel()
         if t1 - t0 >= self.args.timeout:
@@ -548,7 +577,8 @@ def run_lines(rows: List[dict], methods: Sequence[str], labels: Dict[str, str]) 
 def goals(rows: List[dict]) -> List[str]:
     lines = []
     for method, title in (("api-get", "shardfs API WineryStore.get"),
-                          ("mount-read", "cat through the mount (in-process open/read/close)")):
+                          ("mount-read", "cat through the mount (in-process open/read/close)"),
+                          ("mount-read-4", "reads through the mount, 4 reader threads")):
         for temp in TEMPS:
             a, b = best(rows, method, "read", temp), best(rows, BASELINE, "read", temp)
             r = ratio(rows, method, "read", temp)
@@ -935,6 +965,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                f"- {labels['mount-read']}: `os.open`, `os.read` to the end, `os.close` of "
                "`MOUNTPOINT/<64-hex key>` in the benchmark's Python process (no process per "
                "file).",
+               f"- {labels['mount-read-4']}: the same from {PARALLEL_READERS} threads of the "
+               "benchmark's process (a program reading many objects at once): the device and "
+               "the workers serve several reads at a time.",
                f"- {labels['mount-xargs-cat']}: `xargs -d '\\n' -a LIST cat | sha256sum` over "
                "the paths: what a user types; xargs packs as many paths per cat as fit, so a "
                "few cat processes read all the files.",

@@ -297,7 +297,9 @@ def test_mount_survives_postgresql_restart(winery, mounter, tmp_path, postgres_s
         with pytest.raises(OSError) as info:
             path_of(point, where["written"][1]).read_bytes()
         assert info.value.errno == errno.EIO
-        assert time.monotonic() - t0 < 10.0
+        took = time.monotonic() - t0
+        assert took < 10.0
+        print(f"EIO after {took:.2f} s with PostgreSQL stopped")
     finally:
         postgres_server.start()
     # Reconnected by itself.

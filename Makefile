@@ -13,8 +13,10 @@ APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
-C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c
-C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h
+C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
+	shardfs/c/gindex.c
+C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
+	shardfs/c/gindex.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full bench-winery clean \
 	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
@@ -47,9 +49,13 @@ tests/c/test_shard: tests/c/test_shard.c tests/c/check.h $(C_SOURCES) $(C_HEADER
 tests/c/test_sidecar: tests/c/test_sidecar.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_sidecar.c $(C_SOURCES) $(LIBS_C) -lpthread
 
-test-c: apt tests/c/test_shard tests/c/test_sidecar
+tests/c/test_gindex: tests/c/test_gindex.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_gindex.c $(C_SOURCES) $(LIBS_C) -lpthread
+
+test-c: apt tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex
 	./tests/c/test_shard
 	./tests/c/test_sidecar
+	./tests/c/test_gindex
 
 # The suites that mount run twice: with the default worker count, then with
 # one worker per mount (SHARDFS_WORKERS=1: workers=1 must keep working; the
@@ -137,10 +143,11 @@ $(SAN_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(SAN_FLAGS) -Ishardfs/c \
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
-test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar \
+test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/test_gindex \
 		$(foreach h,$(FUZZ_HARNESSES),$(SAN_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_shard
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_sidecar
+	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_gindex
 	$(foreach h,$(FUZZ_HARNESSES),$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 \
 	  ./$(SAN_DIR)/replay_$(h) $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 	rm -rf $(SAN_DIR)/py $(SAN_DIR)/tmp
@@ -175,10 +182,11 @@ $(VG_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Ishardfs/c \
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
-test-valgrind: apt venv $(VG_DIR)/test_shard $(VG_DIR)/test_sidecar \
+test-valgrind: apt venv $(VG_DIR)/test_shard $(VG_DIR)/test_sidecar $(VG_DIR)/test_gindex \
 		$(foreach h,$(FUZZ_HARNESSES),$(VG_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(VALGRIND) ./$(VG_DIR)/test_shard
 	$(VALGRIND) ./$(VG_DIR)/test_sidecar
+	$(VALGRIND) ./$(VG_DIR)/test_gindex
 	$(foreach h,$(FUZZ_HARNESSES),$(VALGRIND) -q ./$(VG_DIR)/replay_$(h) \
 	  $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 
@@ -235,4 +243,4 @@ fuzz-coverage: apt $(foreach h,$(FUZZ_HARNESSES),$(FUZZ_DIR)/bin/cov_$(h)) $(FUZ
 
 # (the .so of the editable install goes too: the next `make venv` rebuilds it)
 clean:
-	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar shardfs/*.so $(VENV)/.stamp
+	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex shardfs/*.so $(VENV)/.stamp

@@ -22,9 +22,10 @@ libs = pkg_config("--libs", "cmph", ["-lcmph"])
 extension = Extension(
     "shardfs._shardfs",
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/writer.c",
-             "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/module.c"],
+             "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c",
+             "shardfs/c/module.c"],
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
-             "shardfs/c/internal.h", "shardfs/c/chd.h"],
+             "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h"],
     include_dirs=["shardfs/c"] + [f[2:] for f in cflags],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     extra_link_args=libs,

@@ -165,6 +165,8 @@ class Coordinator:
         self.shards.reserved = self._reserved
         self.catalog = catalog
         self._poll_at = time.monotonic()
+        #: Building the global index failed once: not tried again.
+        self._index_failed = False
 
     # ------------------------------------------------------------- serve
 
@@ -651,9 +653,12 @@ class Coordinator:
         with what a winery mount's readers need under "winery"."""
         table: Dict[str, object] = {"shards": [
             {"number": m.number, "path": m.path, "fd": m.shard.fileno(), "removed": m.removed,
-             "sidecar_dir": m.sidecar_dir if m.sidecar is not None else None}
+             "sidecar_dir": m.sidecar_dir if m.sidecar is not None else None,
+             "identity": m.identity.hex()}
             for _, m in sorted(self.shards.shards.items())
         ]}
+        if self.shards.index is not None:
+            table["index"] = self.shards.index.names()
         if self.catalog is not None:
             table["winery"] = self.catalog.table()
         return table
@@ -670,7 +675,11 @@ class Coordinator:
         if self._builder is not None or self._stopping:
             return
         todo = self.shards.needs_sidecar()
-        if not todo:
+        index = self.shards.index
+        unindexed = []
+        if index is not None and not self._index_failed:
+            unindexed = [m for m in self.shards.served() if not m.indexed and m.identity]
+        if not todo and not unindexed:
             return
         directory = self.shards.sidecar_dir
         r, w = os.pipe2(os.O_CLOEXEC)
@@ -693,6 +702,15 @@ class Coordinator:
                     except Exception as exc:
                         log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
                     os.write(w, b"%s %d\n" % (word.encode(), member.number))
+                if unindexed:
+                    word = b"index"
+                    try:
+                        served = [m.identity for m in self.shards.served() if m.identity]
+                        index.add_shards([(m.identity, m.shard) for m in unindexed], served)
+                    except Exception as exc:
+                        log.warning("cannot build the global index in %s: %s", index.directory, exc)
+                        word = b"index_failed"
+                    os.write(w, b"%s %d\n" % (word, len(unindexed)))
             finally:
                 os._exit(0)
         os.close(w)
@@ -718,6 +736,12 @@ class Coordinator:
         published = False
         for line in lines:
             word, number = line.split()
+            if word in (b"index", b"index_failed"):
+                if word == b"index_failed":
+                    self._index_failed = True  # the shards keep their own filters
+                self.shards.reload_index()
+                published = True
+                continue
             member = self.shards.get(int(number))
             b["done"].add(int(number))
             if member is None or member.removed:

@@ -743,6 +743,7 @@ class ShardFS(pyfuse3.Operations):
             "index_probes": probes,
             "objects": sum(m.objects for m in served),
             "workers": self.hooks.per_process(),
+            "index": self.shards.index.stats() if self.shards.index is not None else None,
         }
 
     @_handler

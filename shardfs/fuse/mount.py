@@ -291,6 +291,7 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
         raise _shard_error("no shard to mount")
     shards = ShardSet(cache_dir=cache_dir, shard_dir=shard_dir)
     shards.pinned = list(dict.fromkeys(shard_paths))
+    use_global_index(shards, shard_dir or "\n".join(shards.pinned))
     try:
         for p in shard_paths:
             if p in shards.by_path:
@@ -307,6 +308,23 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
     return shards
 
 
+def use_global_index(shards: "ShardSet", scope: str) -> None:
+    """Give `shards` the global index (`shardfs.gindex`) of mount source
+    `scope` in its cache directory, as left by earlier mounts (the shards
+    it does not hold are indexed in the background). Without it (the
+    cache directory cannot be used: logged), every shard is found through
+    its own filter."""
+    from shardfs.gindex import IndexSet, index_dir
+
+    try:
+        index = IndexSet(index_dir(shards.cache_dir, scope))
+        index.load()
+    except Exception as exc:  # the index is a cache: never a reason to fail a mount
+        log.warning("global index unavailable (%s): lookups ask every shard's filter", exc)
+        return
+    shards.index = index
+
+
 def open_winery(dsn: str, pools_dir: Optional[str], cache_dir: Optional[str]) -> "Tuple[ShardSet, object, object]":
     """Open a winery deployment for a mount: (shard set of its images,
     the coordinator's `shardfs.winery.Catalog`, the workers'
@@ -314,10 +332,11 @@ def open_winery(dsn: str, pools_dir: Optional[str], cache_dir: Optional[str]) ->
     the database is not a usable winery database or is down."""
     from shardfs.fuse.shardset import ShardSet
     from shardfs.fuse.winery import WineryView
-    from shardfs.winery import Catalog, Database, Reader, check
+    from shardfs.winery import Catalog, Database, Reader, check, describe
 
     check(dsn)
     shards = ShardSet(cache_dir=cache_dir)
+    use_global_index(shards, f"winery {describe(dsn)} {pools_dir}")
     try:
         catalog = Catalog(Database(dsn, max_size=1, name="shardfs coordinator"), pools_dir)
         catalog.sync(shards)

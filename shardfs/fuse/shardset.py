@@ -70,6 +70,11 @@ class MountedShard:
     sidecar_failed: bool = False
     objects: int = 0
     extent: int = 0
+    #: The shard's 32-byte identity (`shardfs.sidecar.identity`), when the
+    #: set has a global index; `indexed`: a level of it holds the shard
+    #: (its filter is then left out of the per-shard filters).
+    identity: bytes = b""
+    indexed: bool = False
 
     def __post_init__(self) -> None:
         self.objects = self.shard.header.objects_count
@@ -141,6 +146,10 @@ class ShardSet:
         self.followed = False
         #: Numbers the set must not give out (see `add`).
         self.reserved: Callable[[int], bool] = lambda number: False
+        #: The global index (`shardfs.gindex.IndexSet`) of the shards, when
+        #: the mount keeps one: an indexed shard is found through it, the
+        #: others through their own filters.
+        self.index = None
 
     # ------------------------------------------------------------ members
 
@@ -170,7 +179,8 @@ class ShardSet:
         return shard, sidecar
 
     def add(self, path: str, shard: Optional[Shard] = None, sidecar: object = None,
-            number: Optional[int] = None, sidecar_dir: Optional[str] = None) -> MountedShard:
+            number: Optional[int] = None, sidecar_dir: Optional[str] = None,
+            identity: Optional[bytes] = None) -> MountedShard:
         """Serve the shard at `path`; returns its MountedShard.
 
         `shard` (and its `sidecar`, loaded from `sidecar_dir`), when given,
@@ -178,7 +188,9 @@ class ShardSet:
         else `open_candidate(path)` is called here. `number` is given by a
         worker that mirrors the coordinator's numbering; else the next
         number for which `reserved(number)` is False. A shard without a
-        sidecar is probed unfiltered until `set_sidecar`. Raises what
+        sidecar is probed unfiltered until `set_sidecar` (or until the
+        global index holds it; `identity`, when known, spares computing
+        it). Raises what
         `open_candidate` raises, OSError when `path` cannot be stat'ed.
         """
         if shard is None:
@@ -195,6 +207,10 @@ class ShardSet:
         self.shards[number] = member
         self.by_path[path] = member
         self.filters.set(number, sidecar)
+        if self.index is not None:
+            member.identity = identity or sidecar_mod.identity(shard)
+            if self.index.attach(member.identity, number):
+                self.mark_indexed(member)
         self.version += 1
         log.info("serving shard %s as number %d (%d objects%s)", path, number, member.objects,
                  "" if sidecar is not None else ", sidecar pending")
@@ -209,6 +225,8 @@ class ShardSet:
         member.removed = True
         self.version += 1
         self.filters.remove(member.number)
+        if self.index is not None:
+            self.index.detach(member.number)
         if self.by_path.get(member.path) is member:
             del self.by_path[member.path]
         log.info("shard %s (number %d) removed", member.path, member.number)
@@ -264,9 +282,30 @@ class ShardSet:
             return
         member.sidecar = sidecar
         member.sidecar_dir = directory
-        self.filters.set(member.number, sidecar)
+        if not member.indexed:
+            self.filters.set(member.number, sidecar)
         self.version += 1
         log.info("shard %s: sidecar ready (%d keys)", member.path, sidecar.count)
+
+    def mark_indexed(self, member: MountedShard) -> None:
+        """`member` is in the global index from now on: drop its own filter
+        from the lookups (its sidecar stays, for listings)."""
+        if member.indexed or member.removed:
+            return
+        member.indexed = True
+        self.filters.remove(member.number)
+        self.version += 1
+
+    def reload_index(self, names: Optional[List[str]] = None) -> None:
+        """Use the global index levels `names` (default: its manifest's)
+        and mark the shards they hold as indexed."""
+        if self.index is None:
+            return
+        self.index.load(names)
+        for member in self.served():
+            if not member.indexed and member.identity and self.index.covers(member.identity):
+                self.index.attach(member.identity, member.number)
+                self.mark_indexed(member)
 
     # ------------------------------------------------------------- lookup
 
@@ -284,7 +323,12 @@ class ShardSet:
         """
         probes = 0
         answer = None
-        for number in self.filters.candidates(key):
+        numbers = self.filters.candidates(key)
+        if self.index is not None:
+            more = self.index.candidates(key)
+            if more:
+                numbers = sorted(set(numbers).union(more))
+        for number in numbers:
             if below is not None and number >= below:
                 break
             member = self.shards.get(number)

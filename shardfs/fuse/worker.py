@@ -166,7 +166,8 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
             shard.path = entry["path"]
             sidecar = _load_sidecar(shard, entry["sidecar_dir"])
             member = shards.add(entry["path"], shard=shard, sidecar=sidecar, number=number,
-                                sidecar_dir=entry["sidecar_dir"])
+                                sidecar_dir=entry["sidecar_dir"],
+                                identity=bytes.fromhex(entry.get("identity") or "") or None)
             continue
         if entry["removed"]:
             shards.remove(member)
@@ -177,6 +178,8 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
     for member in list(shards.shards.values()):
         if member.number not in listed:
             shards.discard(member)
+    if "index" in table:
+        shards.reload_index(table["index"])
 
 
 def _load_sidecar(shard: Shard, directory: Optional[str]) -> object:

@@ -36,7 +36,9 @@ import os
 import uuid
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from shardfs._shardfs import GlobalIndex, key_prefixes, merge_global_index, write_global_index
+from array import array
+
+from shardfs._shardfs import GlobalIndex, gindex_candidates, key_prefixes, merge_global_index, write_global_index
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -65,7 +67,7 @@ class Level:
         self.name = name
         self.index = index
         self.positions: Dict[bytes, int] = {ident: j for j, ident in enumerate(index.identities())}
-        self.numbers = [-1] * index.shard_count
+        self.numbers = array("q", [-1]) * index.shard_count
 
 
 class IndexSet:
@@ -79,9 +81,11 @@ class IndexSet:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.levels: List[Level] = []
+        #: (levels, number maps) as `gindex_candidates` takes them (what
+        #: `candidates` asks; ShardSet.find calls it directly).
+        self.lookup_args: Tuple[tuple, tuple] = ((), ())
         #: Identity -> shard number, for the shards attached.
         self.attached: Dict[bytes, int] = {}
-        self.lookups = 0
 
     # ------------------------------------------------------------- levels
 
@@ -137,12 +141,14 @@ class IndexSet:
         for lv in self.levels:
             for ident, j in lv.positions.items():
                 lv.numbers[j] = self.attached.get(ident, -1)
+        self.lookup_args = (tuple(lv.index for lv in levels), tuple(lv.numbers for lv in levels))
         return True
 
     def close(self) -> None:
         for lv in self.levels:
             lv.index.close()
         self.levels = []
+        self.lookup_args = ((), ())
 
     # ------------------------------------------------------------ shards
 
@@ -172,15 +178,8 @@ class IndexSet:
 
     def candidates(self, key: bytes) -> List[int]:
         """Numbers of the attached shards that may hold `key` (32 bytes),
-        unsorted, possibly repeated."""
-        self.lookups += 1
-        out = []
-        for lv in self.levels:
-            for j in lv.index.lookup(key):
-                n = lv.numbers[j]
-                if n >= 0:
-                    out.append(n)
-        return out
+        sorted, distinct: one C call over the levels."""
+        return gindex_candidates(self.lookup_args[0], self.lookup_args[1], key)
 
     # ---------------------------------------------------------- building
 
@@ -261,7 +260,6 @@ class IndexSet:
         return names
 
     def stats(self) -> Dict[str, object]:
-        """Levels (entries each), shards attached, lookups."""
+        """Levels (entries each) and the shards attached to them."""
         return {"levels": [lv.index.count for lv in self.levels],
-                "indexed_shards": sum(1 for lv in self.levels for n in lv.numbers if n >= 0),
-                "lookups": self.lookups}
+                "indexed_shards": sum(1 for lv in self.levels for n in lv.numbers if n >= 0)}

@@ -1755,6 +1755,89 @@ done:
     return result;
 }
 
+
+/* gindex_candidates(levels, maps, key32) -> sorted list of distinct ints.
+ * levels: a tuple of GlobalIndex; maps: a tuple of the same length whose
+ * item i is a buffer of native int64 (e.g. array('q')), one per shard of
+ * level i: the mount's shard number of that shard, or a negative value
+ * when it is not served. The lookup of a mount's global index in one call:
+ * its cost depends on the number of levels, not of shards. */
+static PyObject *gindex_candidates(PyObject *self, PyObject *args)
+{
+    PyObject *levels, *maps, *keyobj;
+    if (!PyArg_ParseTuple(args, "O!O!O:gindex_candidates", &PyTuple_Type, &levels, &PyTuple_Type, &maps,
+                          &keyobj))
+        return NULL;
+    Py_ssize_t nlevels = PyTuple_GET_SIZE(levels);
+    if (PyTuple_GET_SIZE(maps) != nlevels) {
+        PyErr_SetString(PyExc_ValueError, "gindex_candidates: levels and maps differ in length");
+        return NULL;
+    }
+    uint8_t key[SFS_KEY_SIZE];
+    if (get_key(keyobj, key) < 0)
+        return NULL;
+    int64_t found[LOOKUP_STACK];
+    size_t nfound = 0;
+    for (Py_ssize_t i = 0; i < nlevels; i++) {
+        PyObject *lv = PyTuple_GET_ITEM(levels, i);
+        if (!PyObject_TypeCheck(lv, &GlobalIndexType)) {
+            PyErr_SetString(PyExc_TypeError, "gindex_candidates: levels must be GlobalIndex objects");
+            return NULL;
+        }
+        GlobalIndex *g = (GlobalIndex *)lv;
+        if (!gindex_ready(g))
+            return NULL;
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, i), &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        const int64_t *map = (const int64_t *)view.buf;
+        size_t nmap = (size_t)view.len / sizeof(int64_t);
+        uint32_t out[LOOKUP_STACK];
+        size_t n = 0;
+        int rc = SFS_OK;
+        SFS_GUARDED(rc = SFS_EGONE, n = sfs_gindex_lookup(g->g, key, out, LOOKUP_STACK));
+        if (rc != SFS_OK) {
+            PyBuffer_Release(&view);
+            return gone(sfs_gindex_path(g->g));
+        }
+        if (n > LOOKUP_STACK)
+            n = LOOKUP_STACK; /* 64 shards sharing a 40-bit prefix: the rest are probed by none */
+        for (size_t j = 0; j < n; j++) {
+            if (out[j] >= nmap)
+                continue;
+            int64_t number = map[out[j]];
+            if (number < 0)
+                continue;
+            size_t k = 0;
+            while (k < nfound && found[k] != number)
+                k++;
+            if (k == nfound && nfound < LOOKUP_STACK)
+                found[nfound++] = number;
+        }
+        PyBuffer_Release(&view);
+    }
+    /* insertion sort: nfound is almost always 0 or 1 */
+    for (size_t a = 1; a < nfound; a++) {
+        int64_t v = found[a];
+        size_t b = a;
+        while (b > 0 && found[b - 1] > v) {
+            found[b] = found[b - 1];
+            b--;
+        }
+        found[b] = v;
+    }
+    PyObject *list = PyList_New((Py_ssize_t)nfound);
+    for (size_t j = 0; list && j < nfound; j++) {
+        PyObject *v = PyLong_FromLongLong(found[j]);
+        if (!v) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)j, v);
+    }
+    return list;
+}
+
 static PyMethodDef module_functions[] = {
     {"build_sidecar", (PyCFunction)(void (*)(void))build_sidecar, METH_VARARGS | METH_KEYWORDS,
      "build_sidecar(reader, path, identity32): write the sidecar of an open Reader at path "
@@ -1770,6 +1853,10 @@ static PyMethodDef module_functions[] = {
      "runs[i]; prefixes is a bytes-like buffer of little-endian u64 values < 2^40, sorted "
      "ascending (key_prefixes(shard) gives one). ValueError for an unsorted run or a value "
      ">= 2^40; OSError when the file cannot be written."},
+    {"gindex_candidates", (PyCFunction)gindex_candidates, METH_VARARGS,
+     "gindex_candidates(levels, maps, key32) -> sorted distinct shard numbers: levels a tuple "
+     "of GlobalIndex, maps a tuple of int64 buffers (shard position -> number, negative: not "
+     "served)."},
     {"merge_global_index", (PyCFunction)(void (*)(void))merge_global_index,
      METH_VARARGS | METH_KEYWORDS,
      "merge_global_index(path, levels, keep=None): merge open GlobalIndex levels into a new "

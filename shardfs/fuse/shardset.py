@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from shardfs import Shard
 from shardfs import sidecar as sidecar_mod
-from shardfs._shardfs import SidecarSet
+from shardfs._shardfs import SidecarSet, gindex_candidates
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -150,6 +150,8 @@ class ShardSet:
         #: the mount keeps one: an indexed shard is found through it, the
         #: others through their own filters.
         self.index = None
+        #: (version, shards in `filters`): filters are skipped when empty.
+        self._filtered = (-1, 0)
 
     # ------------------------------------------------------------ members
 
@@ -323,11 +325,15 @@ class ShardSet:
         """
         probes = 0
         answer = None
-        numbers = self.filters.candidates(key)
+        if self._filtered[0] != self.version:
+            self._filtered = (self.version, len(self.filters))
+        numbers = self.filters.candidates(key) if self._filtered[1] else []
         if self.index is not None:
-            more = self.index.candidates(key)
-            if more:
-                numbers = sorted(set(numbers).union(more))
+            levels, maps = self.index.lookup_args
+            if levels:
+                more = gindex_candidates(levels, maps, key)
+                if more:
+                    numbers = sorted(set(numbers).union(more)) if numbers else more
         for number in numbers:
             if below is not None and number >= below:
                 break

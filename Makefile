@@ -111,6 +111,16 @@ bench-scale: venv
 	mkdir -p bench/results && set -o pipefail && \
 	$(PY) bench/scale_bench.py $(ARGS) | tee bench/results/scale.log
 
+# Global index: the same 1,000,000 objects as 1, 1,000 and 10,000 shards, found
+# through the global index and through per-shard filters only, in Python and
+# through a mount; mount start time, index size (bench/index_bench.py;
+# ARGS=--quick for about a minute, ARGS=--full adds 100,000 shards of 10 objects).
+.PHONY: bench-index
+bench-index: venv
+	mkdir -p bench/results && set -o pipefail && \
+	$(PY) bench/index_bench.py $(ARGS) --json bench/results/index.json --md bench/results/index.md \
+	  | tee bench/results/index.log
+
 # Winery: random object reads on one winery deployment, winery's own reader
 # against shardfs's WineryStore and a shardfs mount (bench/winery_bench.py).
 bench-winery: venv

@@ -58,39 +58,6 @@ struct sfs_gindex {
 #define INDEX_CHUNK 26214u          /* slots per pread of a shard's index: ~1 MiB */
 #define SMALL_SORT 24               /* insertion sort up to this many values */
 
-static inline uint64_t be64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return be64toh(v);
-}
-
-static inline uint32_t get_le32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return le32toh(v);
-}
-
-static inline uint64_t get_le64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return le64toh(v);
-}
-
-static inline void put_le32(uint8_t *p, uint32_t v)
-{
-    v = htole32(v);
-    memcpy(p, &v, 4);
-}
-
-static inline void put_le64(uint8_t *p, uint64_t v)
-{
-    v = htole64(v);
-    memcpy(p, &v, 8);
-}
-
 uint64_t sfs_gindex_prefix(const uint8_t key[SFS_KEY_SIZE])
 {
     return be64(key) >> (64 - SFS_GINDEX_PREFIX_BITS);

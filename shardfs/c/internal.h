@@ -4,7 +4,46 @@
 
 #include "shard.h"
 
+#include <endian.h>
+#include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
+
+/* Fixed-width integers in files, read or written at any alignment: the
+ * Read Shard's are big-endian (docs/format.md), shardfs's own files
+ * (sidecars, global index levels) little-endian. */
+static inline uint64_t be64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return be64toh(v);
+}
+
+static inline uint32_t get_le32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return le32toh(v);
+}
+
+static inline uint64_t get_le64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return le64toh(v);
+}
+
+static inline void put_le32(uint8_t *p, uint32_t v)
+{
+    v = htole32(v);
+    memcpy(p, &v, 4);
+}
+
+static inline void put_le64(uint8_t *p, uint64_t v)
+{
+    v = htole64(v);
+    memcpy(p, &v, 8);
+}
 
 /* Fill *err (if not NULL) with status, errno and a formatted message;
  * returns status. */

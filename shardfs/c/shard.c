@@ -39,12 +39,6 @@ struct sfs_shard {
     int no_nowait;        /* preadv2(RWF_NOWAIT) unsupported here */
 };
 
-static inline uint64_t be64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return __builtin_bswap64(v);
-}
 
 static inline void put_be64(uint8_t *p, uint64_t v)
 {

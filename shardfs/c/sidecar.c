@@ -52,39 +52,6 @@ struct sfs_sidecar {
     size_t map_size;
 };
 
-static inline uint64_t be64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return be64toh(v);
-}
-
-static inline uint32_t get_le32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return le32toh(v);
-}
-
-static inline uint64_t get_le64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return le64toh(v);
-}
-
-static inline void put_le32(uint8_t *p, uint32_t v)
-{
-    v = htole32(v);
-    memcpy(p, &v, 4);
-}
-
-static inline void put_le64(uint8_t *p, uint64_t v)
-{
-    v = htole64(v);
-    memcpy(p, &v, 8);
-}
-
 /* The key's top p bits (p <= 32; branch-free, 0 for p = 0). */
 static inline uint64_t bucket_of(uint64_t top, unsigned p)
 {

@@ -167,6 +167,8 @@ class Coordinator:
         self._poll_at = time.monotonic()
         #: Building the global index failed once: not tried again.
         self._index_failed = False
+        #: Shard numbers a builder was asked to index.
+        self._index_tried: Set[int] = set()
 
     # ------------------------------------------------------------- serve
 
@@ -678,7 +680,8 @@ class Coordinator:
         index = self.shards.index
         unindexed = []
         if index is not None and not self._index_failed:
-            unindexed = [m for m in self.shards.served() if not m.indexed and m.identity]
+            unindexed = [m for m in self.shards.served()
+                         if not m.indexed and m.identity and m.number not in self._index_tried]
         if not todo and not unindexed:
             return
         directory = self.shards.sidecar_dir
@@ -714,6 +717,9 @@ class Coordinator:
             finally:
                 os._exit(0)
         os.close(w)
+        # Each shard is indexed once per mount: one the index fails to
+        # hold stays on its own filter rather than forking builds forever.
+        self._index_tried.update(m.number for m in unindexed)
         os.set_blocking(r, False)
         self._poller.register(r, select.POLLIN)
         self._builder = {"pid": pid, "fd": r, "directory": directory, "todo": todo,

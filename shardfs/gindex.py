@@ -27,7 +27,6 @@ Lookups map a level's shard positions to the mount's shard numbers
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json

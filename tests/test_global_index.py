@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mounting import SHARDFS, needs_fuse, run, wait_until
-from shardfs import ShardWriter, sidecar
+from shardfs import ShardWriter
 from shardfs.fuse.shardset import ShardSet
 from shardfs.gindex import MANIFEST, IndexSet, index_dir
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path

@@ -77,26 +77,6 @@ uint64_t sfs_gindex_file_size(uint64_t s, unsigned b, uint64_t n)
            8 * ((UINT64_C(1) << b) + 1) + 8 * n;
 }
 
-/* Read exactly len bytes at offset; 0, or -1 with errno (EIO: end of file). */
-static int pread_full(int fd, void *buf, size_t len, uint64_t offset)
-{
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t got = pread(fd, p, len, (off_t)offset);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            if (got == 0)
-                errno = EIO;
-            return -1;
-        }
-        p += got;
-        len -= (size_t)got;
-        offset += (uint64_t)got;
-    }
-    return 0;
-}
-
 /* ---------------------------------------------------------------- sorting */
 
 static void insertion_sort_u64(uint64_t *a, size_t m)
@@ -156,53 +136,14 @@ int sfs_shard_key_prefixes(const sfs_shard_t *shard, uint64_t **out, size_t *n,
     *n = 0;
     const sfs_header_t *h = sfs_header(shard);
     const char *path = sfs_path(shard);
-    uint64_t slots = sfs_slot_count(shard), end = h->index_position + slots * SFS_SLOT_SIZE;
+    uint64_t slots = sfs_slot_count(shard);
     uint64_t *vals = NULL, *tmp = NULL;
     uint8_t *buf = NULL;
     int rc;
 
-    /* The very file sfs_open() mapped (even if its path was renamed over),
-     * through a descriptor of our own; the path where /proc is missing. */
-    char self_fd[40];
-    snprintf(self_fd, sizeof(self_fd), "/proc/self/fd/%d", sfs_fd(shard));
-    int fd = open(self_fd, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0 && errno == ENOENT)
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return sfs_fail(err, SFS_EIO, errno, "%s: reopening the shard to read its index: %s",
-                        path, strerror(errno));
-    uint64_t size;
-    int is_blk;
-    sfs_error_t why;
-    if (sfs_fd_size(fd, path, &size, &is_blk, &why) != SFS_OK) {
-        rc = sfs_fail(err, SFS_EIO, why.sys_errno ? why.sys_errno : ESTALE,
-                      "%s (reopened to read the index)", why.message);
-        goto done;
-    }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    uint8_t raw[SFS_HEADER_END];
-    if (pread_full(fd, raw, sizeof(raw), 0) < 0) {
-        rc = sfs_fail(err, SFS_EIO, errno, "%s: reading the header: %s", path, strerror(errno));
-        goto done;
-    }
-    const uint64_t want[7] = {h->version, h->objects_count, h->objects_position,
-                              h->objects_size, h->index_position, h->index_size,
-                              h->hash_position};
-    int same = memcmp(raw, SFS_MAGIC, sizeof(SFS_MAGIC) - 1) == 0;
-    for (int i = 0; i < 7; i++)
-        same &= be64(raw + SFS_MAGIC_SIZE + 8 * i) == want[i];
-    if (!same) {
-        rc = sfs_fail(err, SFS_EIO, ESTALE, "%s: is no longer the opened shard (its header "
-                      "changed): reopen it", path);
-        goto done;
-    }
-    if (size < end) {
-        rc = sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank: %llu bytes, its index ends at "
-                      "byte %llu", path, (unsigned long long)size, (unsigned long long)end);
-        goto done;
-    }
-    posix_fadvise(fd, (off_t)h->index_position, (off_t)(end - h->index_position),
-                  POSIX_FADV_SEQUENTIAL);
+    int fd;
+    if ((rc = sfs_reopen_for_index(shard, &fd, err)) != SFS_OK)
+        return rc;
 
     /* slots <= size / 40 (checked by sfs_open): the array fits in memory
      * whenever the index does */
@@ -214,7 +155,7 @@ int sfs_shard_key_prefixes(const sfs_shard_t *shard, uint64_t **out, size_t *n,
     for (uint64_t first = 0; first < slots; first += INDEX_CHUNK) {
         uint64_t c = slots - first < INDEX_CHUNK ? slots - first : INDEX_CHUNK;
         uint64_t at = h->index_position + first * SFS_SLOT_SIZE;
-        if (pread_full(fd, buf, c * SFS_SLOT_SIZE, at) < 0) {
+        if (sfs_pread_full(fd, buf, c * SFS_SLOT_SIZE, at) < 0) {
             int e = errno;
             rc = e == EIO ? sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank while its index "
                                      "was read (short read at byte %llu)", path,
@@ -599,7 +540,7 @@ static int next_in_level(void *ctx, size_t src, uint64_t *prefix, uint32_t *shar
                 return 0;
             size_t c = left < LEVEL_CHUNK ? (size_t)left : LEVEL_CHUNK;
             uint64_t at = sfs_gindex_file_size(g->s, g->b, r->pos);
-            if (pread_full(g->fd, r->buf, c * 8, at) < 0)
+            if (sfs_pread_full(g->fd, r->buf, c * 8, at) < 0)
                 return sfs_fail(err, SFS_EIO, errno, "%s: reading entries at byte %llu: %s",
                                 g->path, (unsigned long long)at,
                                 errno == EIO ? "short read (the file shrank?)" : strerror(errno));
@@ -671,7 +612,7 @@ int sfs_gindex_merge(const char *path, sfs_gindex_t *const *levels, size_t nleve
         const sfs_gindex_t *g = levels[i];
         first[i] = at;
         size_t bytes = (size_t)g->s * SFS_GINDEX_IDENTITY_SIZE;
-        if (bytes && pread_full(g->fd, ids + at * SFS_GINDEX_IDENTITY_SIZE, bytes,
+        if (bytes && sfs_pread_full(g->fd, ids + at * SFS_GINDEX_IDENTITY_SIZE, bytes,
                                 SFS_GINDEX_HEADER_SIZE) < 0) {
             rc = sfs_fail(err, SFS_EIO, errno, "%s: reading the shard table: %s", g->path,
                           errno == EIO ? "short read (the file shrank?)" : strerror(errno));
@@ -778,7 +719,7 @@ int sfs_gindex_open(const char *path, sfs_gindex_t **out, sfs_error_t *err)
         goto fail;
     }
     uint8_t h[SFS_GINDEX_HEADER_SIZE];
-    if (pread_full(fd, h, sizeof(h), 0) < 0) {
+    if (sfs_pread_full(fd, h, sizeof(h), 0) < 0) {
         rc = sfs_fail(err, SFS_EIO, errno, "%s: reading the header: %s", path, strerror(errno));
         goto fail;
     }

@@ -54,6 +54,23 @@ int sfs_fail(sfs_error_t *err, int status, int sys_errno, const char *fmt, ...)
  * set for a block device. SFS_EINVAL for any other kind of file. */
 int sfs_fd_size(int fd, const char *path, uint64_t *size, int *is_blk, sfs_error_t *err);
 
+/* Read exactly `len` bytes at `offset`, retrying on EINTR and short reads.
+ * 0, or -1 with errno set (EIO when the file ends first). */
+int sfs_pread_full(int fd, void *buf, size_t len, uint64_t offset);
+
+/* Open the file of `shard` again to read its index with pread (sidecar and
+ * global index builds; never through the mapping, so a shrinking shard
+ * cannot raise SIGBUS): through /proc/self/fd/<sfs_fd(shard)>, a file
+ * description of our own of the very file sfs_open() mapped even if its
+ * path now names another file (the path itself where /proc is missing).
+ * Checks that it still holds the opened shard: a regular file or block
+ * device at least as long as the index's end, whose 88-byte header is the
+ * one sfs_open() validated; then asks for sequential read-ahead over the
+ * index. *fd is the new descriptor (the caller closes it). SFS_OK, or
+ * SFS_EIO with errno ESTALE (another shard there now), EIO (it shrank) or
+ * the system's; nothing left open on error. */
+int sfs_reopen_for_index(const sfs_shard_t *shard, int *fd, sfs_error_t *err);
+
 /* pwrite all `len` bytes at `offset`, retrying on EINTR and short writes.
  * 0, or -1 with errno set (ENOSPC when the device takes no more bytes). */
 int sfs_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset);

@@ -546,6 +546,81 @@ uint64_t sfs_check(sfs_shard_t *s, void (*report)(void *ctx, const char *message
     return problems;
 }
 
+int sfs_pread_full(int fd, void *buf, size_t len, uint64_t offset)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t got = pread(fd, p, len, (off_t)offset);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            if (got == 0)
+                errno = EIO;
+            return -1;
+        }
+        p += got;
+        len -= (size_t)got;
+        offset += (uint64_t)got;
+    }
+    return 0;
+}
+
+int sfs_reopen_for_index(const sfs_shard_t *s, int *fd_out, sfs_error_t *err)
+{
+    const sfs_header_t *h = &s->header;
+    const char *path = s->path;
+    uint64_t end = h->index_position + sfs_slot_count(s) * SFS_SLOT_SIZE;
+    *fd_out = -1;
+    char self_fd[40];
+    snprintf(self_fd, sizeof(self_fd), "/proc/self/fd/%d", s->fd);
+    int fd = open(self_fd, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT)
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return sfs_fail(err, SFS_EIO, errno, "%s: reopening the shard to read its index: %s",
+                        path, strerror(errno));
+    uint64_t size;
+    int is_blk, rc;
+    sfs_error_t why;
+    uint8_t raw[SFS_HEADER_END];
+    if (sfs_fd_size(fd, path, &size, &is_blk, &why) != SFS_OK) {
+        rc = sfs_fail(err, SFS_EIO, why.sys_errno ? why.sys_errno : ESTALE,
+                      "%s (reopened to read the index)", why.message);
+        goto fail;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    if (sfs_pread_full(fd, raw, sizeof(raw), 0) < 0) {
+        int e = errno;
+        rc = e == EIO ? sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank (short read of its header)",
+                                 path)
+                      : sfs_fail(err, SFS_EIO, e, "%s: reading the header: %s", path, strerror(e));
+        goto fail;
+    }
+    const uint64_t want[7] = {h->version, h->objects_count, h->objects_position,
+                              h->objects_size, h->index_position, h->index_size,
+                              h->hash_position};
+    int same = memcmp(raw, SFS_MAGIC, sizeof(SFS_MAGIC) - 1) == 0;
+    for (int i = 0; i < 7; i++)
+        same &= be64(raw + SFS_MAGIC_SIZE + 8 * i) == want[i];
+    if (!same) {
+        rc = sfs_fail(err, SFS_EIO, ESTALE, "%s: is no longer the opened shard (its header "
+                      "changed): reopen it", path);
+        goto fail;
+    }
+    if (size < end) {
+        rc = sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank: %llu bytes, its index ends at "
+                      "byte %llu", path, (unsigned long long)size, (unsigned long long)end);
+        goto fail;
+    }
+    posix_fadvise(fd, (off_t)h->index_position, (off_t)(end - h->index_position),
+                  POSIX_FADV_SEQUENTIAL);
+    *fd_out = fd;
+    return SFS_OK;
+fail:
+    close(fd);
+    return rc;
+}
+
 int sfs_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
 {
     const uint8_t *p = buf;

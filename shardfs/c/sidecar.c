@@ -100,27 +100,7 @@ typedef struct {
     uint8_t *buf;             /* CHUNK_SLOTS slots */
 } index_t;
 
-/* Read exactly len bytes at offset; 0, or -1 with errno (EIO: end of file). */
-static int pread_full(int fd, void *buf, size_t len, uint64_t offset)
-{
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t got = pread(fd, p, len, (off_t)offset);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            if (got == 0)
-                errno = EIO;
-            return -1;
-        }
-        p += got;
-        len -= (size_t)got;
-        offset += (uint64_t)got;
-    }
-    return 0;
-}
-
-/* The error of a failed pread_full of `what` at `offset`. */
+/* The error of a failed sfs_pread_full of `what` at `offset`. */
 static int read_failed(const index_t *ix, const char *what, uint64_t offset, int e,
                        sfs_error_t *err)
 {
@@ -132,52 +112,15 @@ static int read_failed(const index_t *ix, const char *what, uint64_t offset, int
                     (unsigned long long)offset, strerror(e));
 }
 
-/* Open the shard's file again, through its own descriptor
- * (/proc/self/fd/N: a file description of our own, with its own read-ahead
- * state, of the very file sfs_open() mapped, even if the path now names
- * another file; the path itself where /proc is missing), and check that it
- * still holds the opened shard: a regular file or block device at least as
- * long as the index's end, whose 88-byte header is the one sfs_open()
- * validated. */
+/* The index of `shard`, read through a descriptor of our own
+ * (sfs_reopen_for_index: its own read-ahead state, the very file opened). */
 static int index_open(index_t *ix, const sfs_shard_t *shard, sfs_error_t *err)
 {
-    const sfs_header_t *h = sfs_header(shard);
     ix->path = sfs_path(shard);
-    ix->position = h->index_position;
+    ix->position = sfs_header(shard)->index_position;
     ix->slots = sfs_slot_count(shard);
     ix->advised = 0;
-    char self_fd[40];
-    snprintf(self_fd, sizeof(self_fd), "/proc/self/fd/%d", sfs_fd(shard));
-    ix->fd = open(self_fd, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (ix->fd < 0 && errno == ENOENT)
-        ix->fd = open(ix->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (ix->fd < 0)
-        return sfs_fail(err, SFS_EIO, errno, "%s: reopening the shard to read its index: %s",
-                        ix->path, strerror(errno));
-    uint64_t size, end = ix->position + ix->slots * SFS_SLOT_SIZE;
-    int is_blk;
-    sfs_error_t why;
-    if (sfs_fd_size(ix->fd, ix->path, &size, &is_blk, &why) != SFS_OK)
-        return sfs_fail(err, SFS_EIO, why.sys_errno ? why.sys_errno : ESTALE,
-                        "%s (reopened to read the index)", why.message);
-    fcntl(ix->fd, F_SETFL, fcntl(ix->fd, F_GETFL) & ~O_NONBLOCK);
-    uint8_t raw[SFS_HEADER_END];
-    if (pread_full(ix->fd, raw, sizeof(raw), 0) < 0)
-        return read_failed(ix, "the header", 0, errno, err);
-    const uint64_t want[7] = {h->version, h->objects_count, h->objects_position,
-                              h->objects_size, h->index_position, h->index_size,
-                              h->hash_position};
-    int same = memcmp(raw, SFS_MAGIC, sizeof(SFS_MAGIC) - 1) == 0;
-    for (int i = 0; i < 7; i++)
-        same &= be64(raw + SFS_MAGIC_SIZE + 8 * i) == want[i];
-    if (!same)
-        return sfs_fail(err, SFS_EIO, ESTALE, "%s: is no longer the opened shard (its header "
-                        "changed): reopen it", ix->path);
-    if (size < end)
-        return sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank: %llu bytes, its index ends at "
-                        "byte %llu", ix->path, (unsigned long long)size, (unsigned long long)end);
-    posix_fadvise(ix->fd, (off_t)ix->position, (off_t)(end - ix->position), POSIX_FADV_SEQUENTIAL);
-    return SFS_OK;
+    return sfs_reopen_for_index(shard, &ix->fd, err);
 }
 
 /* Slots [first, first + count) (count <= CHUNK_SLOTS) into ix->buf, with
@@ -192,7 +135,7 @@ static int index_read(index_t *ix, uint64_t first, uint64_t count, sfs_error_t *
          ix->advised += READAHEAD_STEP)
         posix_fadvise(ix->fd, (off_t)(ix->position + ix->advised), READAHEAD_STEP,
                       POSIX_FADV_WILLNEED);
-    if (pread_full(ix->fd, ix->buf, count * SFS_SLOT_SIZE, ix->position + at) < 0)
+    if (sfs_pread_full(ix->fd, ix->buf, count * SFS_SLOT_SIZE, ix->position + at) < 0)
         return read_failed(ix, "the index", ix->position + at, errno, err);
     return SFS_OK;
 }
@@ -332,7 +275,7 @@ static int sort_ties(index_t *ix, unsigned p, uint64_t *e, uint64_t m, sfs_error
         uint32_t slot = (uint32_t)e[i];
         uint8_t top[8];
         uint64_t at = ix->position + (uint64_t)slot * SFS_SLOT_SIZE;
-        if (pread_full(ix->fd, top, sizeof(top), at) < 0)
+        if (sfs_pread_full(ix->fd, top, sizeof(top), at) < 0)
             return read_failed(ix, "a key", at, errno, err);
         e[i] = (be64(top) & low) << 32 | slot;
     }

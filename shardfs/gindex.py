@@ -22,7 +22,8 @@ the next load. A manifest or level that cannot be read is logged and the
 index starts empty (the shards are then indexed again).
 
 Lookups map a level's shard positions to the mount's shard numbers
-(`attach`); a shard not attached is never a candidate.
+(`attach`; `lookup_args` for `shardfs._shardfs.gindex_candidates`); a
+shard not attached is never a candidate.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from array import array
 
-from shardfs._shardfs import GlobalIndex, gindex_candidates, key_prefixes, merge_global_index, write_global_index
+from shardfs._shardfs import GlobalIndex, key_prefixes, merge_global_index, write_global_index
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -80,8 +81,10 @@ class IndexSet:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.levels: List[Level] = []
-        #: (levels, number maps) as `gindex_candidates` takes them (what
-        #: `candidates` asks; ShardSet.find calls it directly).
+        #: (levels, number maps) as `shardfs._shardfs.gindex_candidates`
+        #: takes them: ShardSet.find passes them with the key (one C call
+        #: gives the sorted, distinct numbers of the attached shards that may
+        #: hold it).
         self.lookup_args: Tuple[tuple, tuple] = ((), ())
         #: Identity -> shard number, for the shards attached.
         self.attached: Dict[bytes, int] = {}
@@ -174,11 +177,6 @@ class IndexSet:
                 j = lv.positions.get(ident)
                 if j is not None:
                     lv.numbers[j] = -1
-
-    def candidates(self, key: bytes) -> List[int]:
-        """Numbers of the attached shards that may hold `key` (32 bytes),
-        sorted, distinct: one C call over the levels."""
-        return gindex_candidates(self.lookup_args[0], self.lookup_args[1], key)
 
     # ---------------------------------------------------------- building
 

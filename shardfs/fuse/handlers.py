@@ -61,7 +61,7 @@ import pyfuse3
 
 from shardfs.fuse.layout import ROOT_INODE, Layout, object_inode, split_db_inode, split_object_inode
 from shardfs.fuse.shardset import MountedShard, ShardSet
-from shardfs.winery import DatabaseUnavailable, ImageNotMapped
+from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -632,8 +632,6 @@ class ShardFS(pyfuse3.Operations):
         database gets new objects without the set changing)."""
         if self.winery is None:
             return self.shards.version
-        from shardfs.winery import POLL_SECONDS
-
         return (self.shards.version, int(time.monotonic() / POLL_SECONDS))
 
     def _entries(self, inode: int, start_id: int) -> Sequence[_Entry]:

@@ -306,8 +306,7 @@ class ShardSet:
         self.index.load(names)
         for member in self.served():
             if not member.indexed and member.identity and self.index.covers(member.identity):
-                self.index.attach(member.identity, member.number)
-                self.mark_indexed(member)
+                self.mark_indexed(member)  # load() mapped it: attached when added
 
     # ------------------------------------------------------------- lookup
 

@@ -106,6 +106,7 @@ sys.path.insert(0, HERE)
 
 import scale_bench  # noqa: E402  (same directory)
 from build_bench import machine_info  # noqa: E402
+import machine  # noqa: E402
 from machine import abort_fuse_connection  # noqa: E402
 from scale_bench import (SEED, SMALL_SIZES, ManyShards, Mount, _check_space, _object, _pool,  # noqa: E402
                          _read_meta, _write_meta, dir_bytes, is_mounted, log, md_table,
@@ -1019,12 +1020,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     scale_bench.MOUNT_TIMEOUT = MOUNT_TIMEOUT
 
     skipped: List[str] = []
-    can_mount = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
-    if can_mount:
-        try:
-            import pyfuse3  # noqa: F401
-        except ImportError:
-            can_mount = False
+    can_mount = machine.can_mount()
     if not can_mount:
         skipped.append("everything through a mount (no /dev/fuse, fusermount3 or pyfuse3)")
     try:

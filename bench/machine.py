@@ -1,5 +1,6 @@
 """Facts about this machine, and FUSE housekeeping, shared by the benchmark scripts."""
 import os
+import shutil
 
 
 def cpu_model() -> str:
@@ -34,3 +35,15 @@ def abort_fuse_connection(mountpoint: str) -> None:
                         a.write("1")
     except OSError:
         pass
+
+
+def can_mount() -> bool:
+    """Whether this machine can make a shardfs mount: /dev/fuse,
+    fusermount3 and pyfuse3 are there."""
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        return False
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -93,6 +93,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from build_bench import DEFAULT_OUT, machine_info  # noqa: E402  (same directory)
+import machine  # noqa: E402
 
 DATA_DIR = os.path.join(HERE, "data")
 SEED = 1
@@ -1036,12 +1037,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(args.out, exist_ok=True)
 
     skipped: List[str] = []
-    can_mount = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
-    if can_mount:
-        try:
-            import pyfuse3  # noqa: F401
-        except ImportError:
-            can_mount = False
+    can_mount = machine.can_mount()
     if not can_mount:
         skipped.append("everything through a mount (no /dev/fuse, fusermount3 or pyfuse3)")
 

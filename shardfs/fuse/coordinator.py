@@ -58,13 +58,14 @@ import signal
 import stat
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Set
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 from shardfs import sidecar as sidecar_mod
+from shardfs.errors import ShardError
 from shardfs.fuse import worker as worker_mod
 from shardfs.fuse.handlers import ShardFS
 from shardfs.fuse.layout import object_inode
-from shardfs.fuse.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet
+from shardfs.fuse.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
 from shardfs.fuse.shared import MAX_SHARDS, SharedState
 
 log = logging.getLogger("shardfs.fuse")
@@ -84,7 +85,10 @@ STOP_GRACE = 2.0
 #: Names of a removed shard invalidated per turn of the loop (the loop
 #: keeps turning, without waiting, until all are done).
 FORGET_BATCH = 4096
-
+#: Most shards, and objects, the global index builder indexes in one level
+#: (see `index_batches`).
+INDEX_BATCH_SHARDS = 4096
+INDEX_BATCH_OBJECTS = 1 << 24
 
 
 def default_workers() -> int:
@@ -101,6 +105,23 @@ def default_workers() -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return max(2, cpus)
+
+
+def index_batches(members: Sequence[MountedShard]) -> "Iterator[List[MountedShard]]":
+    """`members` in batches for the global index builder: at most
+    INDEX_BATCH_SHARDS shards and INDEX_BATCH_OBJECTS objects each (a
+    larger shard alone), so that its memory (8 bytes per object of a
+    batch) stays bounded and the first shards are indexed early."""
+    batch: List[MountedShard] = []
+    objects = 0
+    for member in members:
+        if batch and (len(batch) >= INDEX_BATCH_SHARDS or objects + member.objects > INDEX_BATCH_OBJECTS):
+            yield batch
+            batch, objects = [], 0
+        batch.append(member)
+        objects += member.objects
+    if batch:
+        yield batch
 
 
 def _session_fd() -> int:
@@ -195,6 +216,8 @@ class Coordinator:
             self._answer_init()
             log.info("mounted %s", self.description)
             self.state = SharedState(self.nworkers)
+            state = self.state
+            self.shards.in_use = lambda number: state.open_files(number) > 0
             self._publish()
             self._install_signals()
             self._watch_files()
@@ -471,6 +494,8 @@ class Coordinator:
         if added or gone:
             log.info("rescan of %s: %d shard(s) added, %d removed",
                      self.shards.shard_dir or "the shards named at mount", len(added), len(gone))
+            for member in gone:
+                self._hold(member)
             self._publish()
             for member in gone:
                 self._removed_at[member.number] = (self.state.sequence, time.monotonic())
@@ -497,6 +522,8 @@ class Coordinator:
             return
         if not change.changed:
             return
+        for member in change.removed:
+            self._hold(member)
         self._publish()
         for member in change.removed:
             self._removed_at[member.number] = (self.state.sequence, time.monotonic())
@@ -542,6 +569,8 @@ class Coordinator:
     def _drop_device_cache(member: MountedShard) -> None:
         """A block device's cached pages may predate writes made by
         another host: drop them, so the next reads see the device."""
+        if not member.ident[2]:
+            return  # not a device (st_rdev 0): its cache is the file's own
         try:
             fd = member.shard.fileno()
             if stat.S_ISBLK(os.fstat(fd).st_mode):
@@ -652,11 +681,15 @@ class Coordinator:
 
     def table(self) -> Dict[str, object]:
         """The shard table workers follow (`shardfs.fuse.worker.apply_table`),
-        with what a winery mount's readers need under "winery"."""
+        with what a winery mount's readers need under "winery". A shard is
+        described (path, ident, counts, identity), not opened; "fd" is the
+        coordinator's descriptor of a shard it holds open (removed, with
+        names or files the kernel may still use), else None."""
         table: Dict[str, object] = {"shards": [
-            {"number": m.number, "path": m.path, "fd": m.shard.fileno(), "removed": m.removed,
-             "sidecar_dir": m.sidecar_dir if m.sidecar is not None else None,
-             "identity": m.identity.hex()}
+            {"number": m.number, "path": m.path, "ident": m.ident, "objects": m.objects,
+             "slots": m.slots, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
+             "removed": m.removed, "fd": m.held.fileno() if m.held is not None else None,
+             "sidecar_dir": m.sidecar_dir, "live": m.live}
             for _, m in sorted(self.shards.shards.items())
         ]}
         if self.shards.index is not None:
@@ -665,15 +698,59 @@ class Coordinator:
             table["winery"] = self.catalog.table()
         return table
 
+    def _hold(self, member: MountedShard) -> None:
+        """Keep removed `member`'s file open until it is discarded: its
+        names in the kernel are invalidated from its keys, and files open
+        on it keep reading it, while its path may name another file or
+        none. The coordinator's open copy is kept, else a worker's
+        descriptor of the file is reopened (``/proc/<worker>/fd/<n>``);
+        when no process has it open any more, its objects' cached names
+        expire with the kernel's caches (logged)."""
+        if member.held is not None:
+            return
+        shard = self.shards.open_shards.get(member.number)
+        for pid in [] if shard is not None else list(self._positions):
+            shard = self._open_from(member, "/proc/%d/fd" % pid)
+            if shard is not None:
+                break
+        if shard is None:
+            log.warning("%s (number %d) was replaced or removed while no process had it open: "
+                        "names of its objects cached by the kernel expire with its caches",
+                        member.path, member.number)
+            return
+        member.held = shard
+
+    def _open_from(self, member: MountedShard, fd_dir: str) -> Optional[object]:
+        """`member`'s shard opened through a descriptor of its file in
+        `fd_dir` (a /proc/<pid>/fd directory), or None."""
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            return None
+        for name in names:
+            path = os.path.join(fd_dir, name)
+            try:
+                if file_ident(os.stat(path)) != member.ident:
+                    continue
+                member.source = path
+                return self.shards.open_shard(member)
+            except (OSError, ShardError):
+                continue
+            finally:
+                member.source = None
+        return None
+
     def _publish(self) -> None:
         self.state.publish(self.table())
 
     # ----------------------------------------------------------- sidecars
 
     def _start_builder(self) -> None:
-        """Fork one process that builds the sidecars of every shard that
-        lacks one, in turn, and reports each on a pipe ("ok N", "failed N",
-        "cache_dir N": the cache directory cannot be written, it stops)."""
+        """Fork one process that indexes the shards the global index lacks,
+        in batches (reporting "index N" or "index_failed N" after each),
+        then builds the sidecars of the shards that lack one, in turn
+        (reporting "ok N", "failed N", or "cache_dir N": the cache
+        directory cannot be written, it stops)."""
         if self._builder is not None or self._stopping:
             return
         todo = self.shards.needs_sidecar()
@@ -692,10 +769,22 @@ class Coordinator:
                 os.close(r)
                 worker_mod._die_with(self.pid, worker_mod.BUILDER_NAME)
                 os.close(self.session_fd)
+                served = [m.identity for m in self.shards.served() if m.identity]
+                for batch in index_batches(unindexed):
+                    word = b"index"
+                    try:
+                        # Opened one at a time, as the index reads them.
+                        index.add_shards(((m.identity, m.shard) for m in batch), served)
+                    except Exception as exc:
+                        log.warning("cannot build the global index in %s: %s", index.directory, exc)
+                        word = b"index_failed"
+                    os.write(w, b"%s %d\n" % (word, len(batch)))
+                    if word == b"index_failed":
+                        break
                 for member in todo:
                     word = "failed"
                     try:
-                        sidecar_mod.build(member.shard, directory).close()
+                        sidecar_mod.build(member.shard, directory, member.identity or None).close()
                         word = "ok"
                     except OSError as exc:
                         if exc.errno in CACHE_DIR_ERRNOS and directory == self.shards.cache_dir:
@@ -705,15 +794,6 @@ class Coordinator:
                     except Exception as exc:
                         log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
                     os.write(w, b"%s %d\n" % (word.encode(), member.number))
-                if unindexed:
-                    word = b"index"
-                    try:
-                        served = [m.identity for m in self.shards.served() if m.identity]
-                        index.add_shards([(m.identity, m.shard) for m in unindexed], served)
-                    except Exception as exc:
-                        log.warning("cannot build the global index in %s: %s", index.directory, exc)
-                        word = b"index_failed"
-                    os.write(w, b"%s %d\n" % (word, len(unindexed)))
             finally:
                 os._exit(0)
         os.close(w)
@@ -756,17 +836,10 @@ class Coordinator:
                 self.shards.use_private_sidecar_dir()  # built again there by the next builder
             elif word == b"failed":
                 member.sidecar_failed = True
+            elif self.shards.sidecar_built(member, b["directory"]):
+                published = True
             else:
-                try:
-                    sc = sidecar_mod.load(member.shard, b["directory"])
-                except Exception as exc:
-                    log.warning("%s: cannot load its new sidecar: %s", member.path, exc)
-                    sc = None
-                if sc is None:
-                    member.sidecar_failed = True
-                else:
-                    self.shards.set_sidecar(member, sc, b["directory"])
-                    published = True
+                member.sidecar_failed = True
         if exited is not None:
             if exited != 0:  # died on a shard: do not try that one again
                 for member in b["todo"]:

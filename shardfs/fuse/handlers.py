@@ -263,7 +263,7 @@ class ShardFS(pyfuse3.Operations):
         self.hooks = hooks or RequestHooks(shards)
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
-        mtimes = [m.shard.mtime for m in shards.served()]
+        mtimes = [m.mtime for m in shards.served()]
         self._dir_time_ns = _ns(max(mtimes) if mtimes else time.time())
         #: (directory inode, position, shard set version) -> entries.
         self._listings = _Cache(LISTING_CACHE_SIZE)
@@ -296,7 +296,7 @@ class ShardFS(pyfuse3.Operations):
         return self._attr(inode, stat.S_IFDIR | 0o555, 2, 0, self._dir_time_ns)
 
     def _file_attr(self, inode: int, size: int, member: MountedShard) -> pyfuse3.EntryAttributes:
-        return self._attr(inode, stat.S_IFREG | 0o444, 1, size, _ns(member.shard.mtime))
+        return self._attr(inode, stat.S_IFREG | 0o444, 1, size, _ns(member.mtime))
 
     def _negative_entry(self) -> pyfuse3.EntryAttributes:
         """A lookup answer that makes the kernel cache "no such name"."""
@@ -538,7 +538,7 @@ class ShardFS(pyfuse3.Operations):
                 log.warning("%s: %d slot(s) from slot %d on point outside the objects section: "
                             "left out of the listing (run shardfs check)", member.path, count, first)
 
-            time_ns = _ns(member.shard.mtime)
+            time_ns = _ns(member.mtime)
             for slot_, key, _, size in member.shard.scan(first, READDIR_BATCH, on_corrupt=corrupt):
                 if hidden is not None and hidden(key, member.number):
                     continue  # taken down in the database
@@ -612,7 +612,7 @@ class ShardFS(pyfuse3.Operations):
                     continue  # taken down in the database
                 best[key] = (member, slot, size)
         entries: Dict[bytes, Tuple[int, int, int]] = {
-            key: (object_inode(member.number, slot), size, _ns(member.shard.mtime))
+            key: (object_inode(member.number, slot), size, _ns(member.mtime))
             for key, (member, slot, size) in best.items()}
         if self.winery is not None:
             from shardfs.fuse.winery import key_range
@@ -698,9 +698,9 @@ class ShardFS(pyfuse3.Operations):
     @_handler
     async def statfs(self, ctx: Any = None) -> pyfuse3.StatvfsData:
         """Filesystem statistics: the served shards' extents in 4 KiB
-        blocks, none free; their objects as files (the sidecar's live count
-        when built, else the header's object count), none free; names of 64
-        bytes."""
+        blocks, none free; their objects as files (the live count of the
+        shard's sidecar when the coordinator read it, else the header's
+        object count), none free; names of 64 bytes."""
         served = self.shards.served()
         data = pyfuse3.StatvfsData()
         data.f_bsize = 4096
@@ -708,7 +708,7 @@ class ShardFS(pyfuse3.Operations):
         data.f_blocks = sum(math.ceil(m.extent / 4096) for m in served)
         data.f_bfree = 0
         data.f_bavail = 0
-        data.f_files = sum(m.sidecar.count if m.sidecar is not None else m.objects for m in served)
+        data.f_files = sum(m.objects if m.live is None else m.live for m in served)
         data.f_ffree = 0
         data.f_favail = 0
         data.f_namemax = 64
@@ -736,7 +736,7 @@ class ShardFS(pyfuse3.Operations):
         lookups, probes = self.hooks.lookups()
         return {
             "shards": len(served),
-            "sidecars": sum(1 for m in served if m.sidecar is not None),
+            "sidecars": sum(1 for m in served if m.sidecar_dir is not None),
             "lookups": lookups,
             "index_probes": probes,
             "objects": sum(m.objects for m in served),

@@ -27,17 +27,20 @@ set is used by one thread at a time.
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
+import resource
 import stat
 import tempfile
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from shardfs import Shard
 from shardfs import sidecar as sidecar_mod
 from shardfs._shardfs import SidecarSet, gindex_candidates
+from shardfs.errors import ShardError
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -48,40 +51,150 @@ CACHE_DIR_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.
 
 @dataclass(eq=False)
 class MountedShard:
-    """One shard of a mount.
+    """One shard of a mount, open or not.
 
-    `path` is the path it was opened by (a file or a block device); `ident`
-    the (st_dev, st_ino, st_rdev) seen when it was opened, to notice a file
-    replaced under the same name; `sidecar` its filter once loaded or built,
-    from the directory `sidecar_dir`.
+    A shard is opened (a descriptor and a mapping) when it is used, through
+    its set's bounded cache (`ShardSet.open_shard`): `shard` gives it,
+    opening it again if it was closed since. What the mount needs without
+    reading the shard is kept here: `path` it is opened by (a file or a
+    block device), `ident` the (st_dev, st_ino, st_rdev) it had when first
+    opened (a file found under `path` with another ident is another shard
+    and is not opened in its place), `objects` (header count), `extent`
+    (bytes mapped), `slots` (index slots), `mtime` (seconds) and
+    `identity`.
     """
 
     number: int
     path: str
-    shard: Shard
     ident: Tuple[int, int, int]
-    sidecar: object = None
-    sidecar_dir: Optional[str] = None
+    objects: int
+    slots: int
+    extent: int
+    mtime: float
+    #: The shard's 32-byte identity (`shardfs.sidecar.identity`); b"" when
+    #: not computed (a set without a global index).
+    identity: bytes = b""
     #: No longer served (gone from the shard directory, replaced): new
     #: lookups and opens do not see it, files already open keep reading it
     #: until the coordinator closes it (`ShardSet.discard`).
     removed: bool = False
+    #: The directory holding its sidecar (built or found there), None while
+    #: it has none.
+    sidecar_dir: Optional[str] = None
     #: A sidecar build was tried and failed: the shard stays unfiltered.
     sidecar_failed: bool = False
-    objects: int = 0
-    extent: int = 0
-    #: The shard's 32-byte identity (`shardfs.sidecar.identity`), when the
-    #: set has a global index; `indexed`: a level of it holds the shard
-    #: (its filter is then left out of the per-shard filters).
-    identity: bytes = b""
+    #: Live objects (its sidecar's count), once a sidecar was read.
+    live: Optional[int] = None
+    #: A level of the global index holds the shard: it is found through
+    #: the index, and needs no filter of its own.
     indexed: bool = False
+    #: Kept open whatever the cache (a removed shard whose files are still
+    #: open: its path may name another file, or none).
+    held: Optional[Shard] = None
+    #: Opened by this path instead of `path` (a worker opens a held shard
+    #: through the coordinator's descriptor, /proc/<pid>/fd/<n>).
+    source: Optional[str] = None
+    #: The sidecar in the set's filters (a shard not in the global index).
+    filter: object = None
+    #: Why the last open failed (logged once), None after a success.
+    error: Optional[str] = None
+    owner: Optional["ShardSet"] = field(default=None, repr=False)
 
-    def __post_init__(self) -> None:
-        self.objects = self.shard.header.objects_count
-        self.extent = self.shard.extent
+    @property
+    def shard(self) -> Shard:
+        """The open shard (opened now if needed: see `ShardSet.open_shard`)."""
+        return self.owner.open_shard(self)
+
+    @property
+    def sidecar(self) -> object:
+        """Its sidecar (`shardfs.sidecar.Sidecar`, loaded now if needed),
+        or None while it has none (see `ShardSet.sidecar_of`)."""
+        return self.owner.sidecar_of(self)
 
 
-def _ident(st: os.stat_result) -> Tuple[int, int, int]:
+#: Descriptors of a process left to everything but open shards (the FUSE
+#: device, pipes, logs, Python's own), at most: a quarter of the limit.
+FD_RESERVE = 1024
+#: Memory maps of a process left to everything but open shards and
+#: sidecars (the interpreter and its libraries take a few hundred).
+MAP_RESERVE = 4096
+#: Fewest shards a process keeps open, whatever the limits say.
+MIN_OPEN = 16
+
+
+def default_max_open() -> int:
+    """Shards one process of a mount keeps open at once: what its
+    descriptor limit (RLIMIT_NOFILE, soft) and the system's map limit
+    (vm.max_map_count) allow, an open shard taking one descriptor and one
+    mapping and a loaded sidecar one mapping more (on this machine, 20,000
+    descriptors and 65,530 maps: 18,976 shards)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            maps = int(f.read())
+    except (OSError, ValueError):
+        maps = 65530  # the kernel's default
+    return max(MIN_OPEN, min(soft - min(FD_RESERVE, soft // 4), (maps - MAP_RESERVE) // 2))
+
+
+class OpenCache:
+    """Open objects (shards or sidecars) by shard number, at most
+    `capacity`, the least recently used dropped first.
+
+    A dropped object is not closed here: it closes when its last reference
+    goes (at once, unless a caller still holds it, as a listing holding a
+    shard it scans), so a caller never finds it closed under it. An entry
+    for which `in_use(number)` is True (files open on its shard) is kept
+    past the capacity.
+    """
+
+    def __init__(self, capacity: int, in_use: Callable[[int], bool]) -> None:
+        self.capacity = max(1, capacity)
+        self.in_use = in_use
+        self.items: "collections.OrderedDict[int, Any]" = collections.OrderedDict()
+        #: Objects dropped to stay within `capacity` (a benchmark's count).
+        self.evictions = 0
+
+    def get(self, number: int) -> Any:
+        item = self.items.get(number)
+        if item is not None:
+            self.items.move_to_end(number)
+        return item
+
+    def put(self, number: int, item: Any) -> None:
+        self.items[number] = item
+        self.items.move_to_end(number)
+        excess = len(self.items) - self.capacity
+        if excess > 0:
+            self._drop(excess)
+
+    def _drop(self, count: int) -> None:
+        # Look at the oldest count + 16 only: entries in use are moved to
+        # the end, so each call costs O(count) however many are in use.
+        for number in list(self.items)[:count + 16]:
+            if count == 0:
+                break
+            if self.in_use(number):
+                self.items.move_to_end(number)
+                continue
+            del self.items[number]
+            self.evictions += 1
+            count -= 1
+
+    def pop(self, number: int) -> Any:
+        return self.items.pop(number, None)
+
+    def clear(self) -> None:
+        self.items.clear()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def file_ident(st: os.stat_result) -> Tuple[int, int, int]:
+    """(st_dev, st_ino, st_rdev): which file (or device) a stat names."""
     return (st.st_dev, st.st_ino, st.st_rdev)
 
 
@@ -114,9 +227,14 @@ class ShardSet:
     `cache_dir` holds the sidecars (created when needed); when it cannot be
     written, sidecars are built in a private temporary directory removed by
     `close()`. `shard_dir`, when given, is the directory `rescan()` follows.
+    At most `max_open` shards (default `default_max_open()`) and as many
+    sidecars are open at once, plus the shards with files open on them
+    (`in_use`) and the sidecars of the shards filtered by their own
+    (`filters`: not in the global index).
     """
 
-    def __init__(self, cache_dir: Optional[str] = None, shard_dir: Optional[str] = None) -> None:
+    def __init__(self, cache_dir: Optional[str] = None, shard_dir: Optional[str] = None,
+                 max_open: Optional[int] = None) -> None:
         self.cache_dir = cache_dir or sidecar_mod.default_cache_dir()
         self.shard_dir = shard_dir
         self.shards: Dict[int, MountedShard] = {}
@@ -136,6 +254,8 @@ class ShardSet:
         self.probes = 0
         #: Lookups made by `find`.
         self.lookups = 0
+        #: Shards opened again after the cache had closed them.
+        self.reopens = 0
         #: Changes with every change of what is served or filtered (listings
         #: computed before are stale).
         self.version = 0
@@ -146,6 +266,12 @@ class ShardSet:
         self.followed = False
         #: Numbers the set must not give out (see `add`).
         self.reserved: Callable[[int], bool] = lambda number: False
+        #: Whether files are open on shard `number` (its open shard and
+        #: sidecar are then kept past the bound); set by the mount.
+        self.in_use: Callable[[int], bool] = lambda number: False
+        self.max_open = max_open or default_max_open()
+        self.open_shards = OpenCache(self.max_open, lambda n: self.in_use(n))
+        self.open_sidecars = OpenCache(self.max_open, lambda n: False)
         #: The global index (`shardfs.gindex.IndexSet`) of the shards, when
         #: the mount keeps one: an indexed shard is found through it, the
         #: others through their own filters.
@@ -166,6 +292,87 @@ class ShardSet:
         """The shard numbered `number`, served or removed-but-open, or None."""
         return self.shards.get(number)
 
+    def open_shard(self, member: MountedShard) -> Shard:
+        """`member`'s open Shard: `held`, the cached one, or opened now
+        (from `source`, else `path`, and validated) and cached, closing
+        the least recently used beyond `max_open`. Raises OSError with
+        errno ESTALE when `path` names another file than the one mounted,
+        or a shard of another object count or extent; what `shardfs.Shard`
+        raises (OSError, CorruptShardError) when it cannot be opened."""
+        shard = member.held or self.open_shards.get(member.number)
+        if shard is not None:
+            return shard
+        shard = Shard(member.source or member.path)
+        try:
+            if member.source is None and file_ident(os.fstat(shard.fileno())) != member.ident:
+                raise OSError(errno.ESTALE, f"{member.path}: replaced by another file since it was mounted")
+            if shard.header.objects_count != member.objects or shard.extent != member.extent:
+                raise OSError(errno.ESTALE, f"{member.path}: changed size since it was mounted")
+        except BaseException:
+            shard.close()
+            raise
+        shard.path = member.path
+        self.reopens += 1
+        member.error = None
+        self.open_shards.put(member.number, shard)
+        return shard
+
+    def sidecar_of(self, member: MountedShard) -> object:
+        """`member`'s sidecar: its filter's, the cached one, or loaded now
+        from `sidecar_dir` (and cached, closing the least recently used
+        beyond `max_open`); None when it has none or it cannot be loaded
+        (logged; it has none from then on)."""
+        if member.filter is not None:
+            return member.filter
+        if member.sidecar_dir is None:
+            return None
+        sidecar = self.open_sidecars.get(member.number)
+        if sidecar is None:
+            sidecar = self._load_sidecar(member, member.sidecar_dir)
+            if sidecar is None:
+                member.sidecar_dir = None
+            else:
+                self.open_sidecars.put(member.number, sidecar)
+        return sidecar
+
+    def _load_sidecar(self, member: MountedShard, directory: str) -> object:
+        """`member`'s sidecar in `directory`, or None (logged) when it is
+        missing, stale or cannot be read."""
+        try:
+            sidecar = sidecar_mod.Sidecar(sidecar_mod.sidecar_path(directory, member.identity),
+                                          member.identity, member.slots)
+        except Exception as exc:  # removed from the cache directory, damaged
+            log.warning("%s: cannot load its sidecar from %s: %s", member.path, directory, exc)
+            return None
+        member.live = sidecar.count
+        return sidecar
+
+    def sidecar_built(self, member: MountedShard, directory: str) -> bool:
+        """`member`'s sidecar was just built in `directory`: filter with it
+        while the global index does not hold the shard, list with it.
+        Returns False when it cannot be loaded (logged)."""
+        if member.removed or member.sidecar_dir is not None:
+            return True
+        if member.indexed:  # loaded when a listing needs it
+            sidecar = self._load_sidecar(member, directory)
+            if sidecar is None:
+                return False
+            sidecar.close()
+            member.sidecar_dir = directory
+            self.version += 1
+            return True
+        sidecar = self._load_sidecar(member, directory)
+        if sidecar is None:
+            return False
+        self.set_sidecar(member, sidecar, directory)
+        return True
+
+    def _open_failed(self, member: MountedShard, exc: BaseException) -> None:
+        message = f"{exc}"
+        if member.error != message:
+            member.error = message
+            log.error("shard %s (number %d) cannot be read: %s", member.path, member.number, message)
+
     def open_candidate(self, path: str) -> Tuple[Shard, object]:
         """Open and validate the shard at `path` and load its sidecar from
         the cache (None when missing or stale): the slow part of `add`,
@@ -181,47 +388,66 @@ class ShardSet:
         return shard, sidecar
 
     def add(self, path: str, shard: Optional[Shard] = None, sidecar: object = None,
-            number: Optional[int] = None, sidecar_dir: Optional[str] = None,
-            identity: Optional[bytes] = None) -> MountedShard:
-        """Serve the shard at `path`; returns its MountedShard.
+            number: Optional[int] = None, sidecar_dir: Optional[str] = None) -> MountedShard:
+        """Serve the shard at `path`, opened and validated now; returns its
+        MountedShard.
 
         `shard` (and its `sidecar`, loaded from `sidecar_dir`), when given,
         come from `open_candidate` or the caller (the set then owns them);
-        else `open_candidate(path)` is called here. `number` is given by a
-        worker that mirrors the coordinator's numbering; else the next
-        number for which `reserved(number)` is False. A shard without a
-        sidecar is probed unfiltered until `set_sidecar` (or until the
-        global index holds it; `identity`, when known, spares computing
-        it). Raises what
-        `open_candidate` raises, OSError when `path` cannot be stat'ed.
+        else the shard is opened here, and its sidecar loaded from the
+        cache when the global index does not hold it. `number`: the
+        shard's number (else the next one for which `reserved(number)` is
+        False). A shard without a sidecar is probed unfiltered until
+        `set_sidecar` (or until the global index holds it). Raises what
+        `open_candidate` raises.
         """
         if shard is None:
-            shard, sidecar = self.open_candidate(path)
-            sidecar_dir = self.cache_dir if sidecar is not None else None
-        st = os.fstat(shard.fileno())
+            shard = Shard(path)
+        try:
+            st = os.fstat(shard.fileno())
+            identity = sidecar_mod.identity(shard)
+        except BaseException:
+            shard.close()
+            raise
         if number is None:
             number = self._next_number
             while self.reserved(number):
                 number += 1
-        self._next_number = max(self._next_number, number + 1)
-        member = MountedShard(number, path, shard, _ident(st), sidecar=sidecar,
-                              sidecar_dir=sidecar_dir if sidecar is not None else None)
-        self.shards[number] = member
-        self.by_path[path] = member
-        self.filters.set(number, sidecar)
-        if self.index is not None:
-            member.identity = identity or sidecar_mod.identity(shard)
-            if self.index.attach(member.identity, number):
-                self.mark_indexed(member)
-        self.version += 1
+        member = self._insert(MountedShard(number, path, file_ident(st), shard.header.objects_count,
+                                           shard.slot_count, shard.extent, shard.mtime, identity=identity))
+        self.open_shards.put(number, shard)
+        if sidecar is not None:
+            self.set_sidecar(member, sidecar, sidecar_dir or self.cache_dir)
+        elif not member.indexed:
+            try:
+                self.set_sidecar(member, sidecar_mod.load(shard, self.cache_dir, identity), self.cache_dir)
+            except Exception as exc:  # a broken cache must never stop a mount
+                log.warning("%s: cannot load its sidecar: %s", path, exc)
+        elif os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
+            member.sidecar_dir = self.cache_dir  # loaded when a listing needs it
         log.info("serving shard %s as number %d (%d objects%s)", path, number, member.objects,
-                 "" if sidecar is not None else ", sidecar pending")
+                 ", indexed" if member.indexed else "" if member.filter is not None else ", sidecar pending")
+        return member
+
+    def add_entry(self, member: MountedShard) -> MountedShard:
+        """Serve `member` as the coordinator described it (a worker mirrors
+        its table: nothing is opened now); returns it."""
+        return self._insert(member)
+
+    def _insert(self, member: MountedShard) -> MountedShard:
+        member.owner = self
+        self._next_number = max(self._next_number, member.number + 1)
+        self.shards[member.number] = member
+        self.by_path[member.path] = member
+        self.filters.set(member.number, None)  # probed unfiltered until it has a filter
+        if self.index is not None and member.identity and self.index.attach(member.identity, member.number):
+            self.mark_indexed(member)
+        self.version += 1
         return member
 
     def remove(self, member: MountedShard) -> None:
         """Stop serving `member`: lookups, listings and new opens no longer
-        see it. It stays open (files already open keep reading) until
-        `discard`."""
+        see it. Files already open keep reading it until `discard`."""
         if member.removed:
             return
         member.removed = True
@@ -236,18 +462,24 @@ class ShardSet:
     def discard(self, member: MountedShard) -> None:
         """Close `member` and forget it (its number is never given again)."""
         self.remove(member)
-        member.shard.close()
-        sc, member.sidecar = member.sidecar, None
-        if sc is not None:
-            sc.close()
+        self.open_shards.pop(member.number)
+        self.open_sidecars.pop(member.number)
+        member.held = member.filter = None
         self.shards.pop(member.number, None)
 
     def close(self) -> None:
         """Close every shard and sidecar (after the mount is gone)."""
-        for member in list(self.shards.values()):
-            member.shard.close()
-            if member.sidecar is not None:
-                member.sidecar.close()
+        for shard in list(self.open_shards.items.values()):
+            shard.close()
+        for sidecar in list(self.open_sidecars.items.values()):
+            sidecar.close()
+        for member in self.shards.values():
+            for item in (member.held, member.filter):
+                if item is not None:
+                    item.close()
+            member.held = member.filter = None
+        self.open_shards.clear()
+        self.open_sidecars.clear()
         self.shards.clear()
         self.by_path.clear()
         if self._tmp_cache is not None:
@@ -258,7 +490,7 @@ class ShardSet:
 
     def needs_sidecar(self) -> List[MountedShard]:
         """Served shards without a sidecar whose build was not tried yet."""
-        return [m for m in self.served() if m.sidecar is None and not m.sidecar_failed]
+        return [m for m in self.served() if m.sidecar_dir is None and not m.sidecar_failed]
 
     def build_sidecar(self, member: MountedShard) -> None:
         """Load or build `member`'s sidecar in `sidecar_dir`, in this
@@ -277,25 +509,34 @@ class ShardSet:
         return self.sidecar_dir
 
     def set_sidecar(self, member: MountedShard, sidecar: object, directory: Optional[str]) -> None:
-        """Filter `member` with `sidecar` (loaded from `directory`) from now on."""
-        if member.removed or member.sidecar is not None:
-            if sidecar is not None:
-                sidecar.close()
+        """`member`'s sidecar is `sidecar` (loaded from `directory`; None:
+        it has none there): it filters the lookups of `member` until the
+        global index holds it, and serves its listings."""
+        if sidecar is None:
             return
-        member.sidecar = sidecar
+        if member.removed or member.sidecar_dir is not None:
+            sidecar.close()
+            return
         member.sidecar_dir = directory
-        if not member.indexed:
+        member.live = sidecar.count
+        if member.indexed:
+            self.open_sidecars.put(member.number, sidecar)
+        else:
+            member.filter = sidecar
             self.filters.set(member.number, sidecar)
         self.version += 1
         log.info("shard %s: sidecar ready (%d keys)", member.path, sidecar.count)
 
     def mark_indexed(self, member: MountedShard) -> None:
         """`member` is in the global index from now on: drop its own filter
-        from the lookups (its sidecar stays, for listings)."""
+        from the lookups (its sidecar is loaded again for listings)."""
         if member.indexed or member.removed:
             return
         member.indexed = True
         self.filters.remove(member.number)
+        if member.filter is not None:
+            self.open_sidecars.put(member.number, member.filter)
+            member.filter = None
         self.version += 1
 
     def reload_index(self, names: Optional[List[str]] = None) -> None:
@@ -318,9 +559,11 @@ class ShardSet:
         Only the shards whose filter may hold the key are probed, in number
         order; `below` limits the search to numbers under it (to decide
         whether an entry is a duplicate). It may wait for the device (the
-        C core releases the GIL meanwhile). Raises CorruptShardError when a probed slot is corrupt. `count`: add the
-        call to `lookups` and `probes` (False for the duplicate checks of a
-        listing, which are not lookups).
+        C core releases the GIL meanwhile). A shard that cannot be opened
+        (replaced or damaged since it was mounted) is logged once and
+        skipped. Raises CorruptShardError when a probed slot is corrupt.
+        `count`: add the call to `lookups` and `probes` (False for the
+        duplicate checks of a listing, which are not lookups).
         """
         probes = 0
         answer = None
@@ -339,8 +582,15 @@ class ShardSet:
             member = self.shards.get(number)
             if member is None or member.removed:
                 continue
+            shard = member.held or self.open_shards.get(number)
+            if shard is None:
+                try:
+                    shard = self.open_shard(member)
+                except (OSError, ShardError) as exc:
+                    self._open_failed(member, exc)
+                    continue
             probes += 1
-            found = member.shard.find(key)
+            found = shard.find(key)
             if found is not None:
                 answer = (member, found[0], found[1], found[2])
                 break
@@ -382,7 +632,7 @@ class ShardSet:
             pinned = member.path in self.pinned and member.path not in present
             if st is None and pinned:
                 continue
-            if st is None or _ident(st) != member.ident:
+            if st is None or file_ident(st) != member.ident:
                 gone.append(member)
         new = []
         for path in candidates:

@@ -21,10 +21,9 @@ filesystem and the shard set as they were then. A worker:
 
 Before each request, `WorkerHooks.begin` brings the worker's shard set up to
 date with the table the coordinator publishes (`shardfs.fuse.shared`) when
-its sequence changed: shards added (reopened through the coordinator's own
-descriptor, ``/proc/<coordinator>/fd/<n>``, so it is the very file the
-coordinator validated even if the path was renamed over since), removed,
-closed, and sidecars built. The worker exits 0 when the session ends (the
+its sequence changed: shards added (described: a worker opens a shard when
+it first uses one, by path, and checks that the path still names the file
+the coordinator validated), removed, closed, and sidecars built. The worker exits 0 when the session ends (the
 filesystem was unmounted).
 """
 
@@ -38,12 +37,10 @@ import os
 import signal
 import struct
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
-from shardfs import Shard
-from shardfs import sidecar as sidecar_mod
 from shardfs.fuse.handlers import RequestHooks, ShardFS
-from shardfs.fuse.shardset import ShardSet
+from shardfs.fuse.shardset import MountedShard, ShardSet
 from shardfs.fuse.shared import ACTIVE, LOOKUPS, PROBES, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")
@@ -145,10 +142,12 @@ class WorkerHooks(RequestHooks):
 def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> None:
     """Change `shards` to match a published shard table (see
     `shardfs.fuse.coordinator.Coordinator.table`): add the shards it serves
-    that `shards` lacks, mark removed ones, load sidecars it names, and
-    close the shards it no longer lists. A shard that cannot be opened is
-    logged and left out (the coordinator holds it open, so this only
-    happens when the system refuses a descriptor or a mapping)."""
+    that `shards` lacks (described, not opened: they open when used),
+    mark removed ones, take the sidecars it names, and forget the shards
+    it no longer lists. A shard the coordinator holds open (removed, with
+    files open on it) is opened again through the coordinator's own
+    descriptor, ``/proc/<coordinator>/fd/<n>``: the very file it served,
+    whatever its path names now."""
     listed = set()
     for entry in table["shards"]:
         number = entry["number"]
@@ -157,39 +156,21 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
         if member is None:
             if entry["removed"]:
                 continue  # never served here: nothing open on it here
-            try:
-                shard = Shard("/proc/%d/fd/%d" % (coordinator, entry["fd"]))
-            except Exception as exc:
-                log.error("worker %d: cannot open shard %s (number %d): %s", os.getpid(),
-                          entry["path"], number, exc)
-                continue
-            shard.path = entry["path"]
-            sidecar = _load_sidecar(shard, entry["sidecar_dir"])
-            member = shards.add(entry["path"], shard=shard, sidecar=sidecar, number=number,
-                                sidecar_dir=entry["sidecar_dir"],
-                                identity=bytes.fromhex(entry.get("identity") or "") or None)
-            continue
+            member = shards.add_entry(MountedShard(
+                number, entry["path"], tuple(entry["ident"]), entry["objects"], entry["slots"],
+                entry["extent"], entry["mtime"], identity=bytes.fromhex(entry["identity"])))
+        member.live = entry["live"]
+        if entry["fd"] is not None:
+            member.source = "/proc/%d/fd/%d" % (coordinator, entry["fd"])
         if entry["removed"]:
             shards.remove(member)
-        elif member.sidecar is None and entry["sidecar_dir"]:
-            sidecar = _load_sidecar(member.shard, entry["sidecar_dir"])
-            if sidecar is not None:
-                shards.set_sidecar(member, sidecar, entry["sidecar_dir"])
+        elif member.sidecar_dir is None and entry["sidecar_dir"]:
+            shards.sidecar_built(member, entry["sidecar_dir"])
     for member in list(shards.shards.values()):
         if member.number not in listed:
             shards.discard(member)
     if "index" in table:
         shards.reload_index(table["index"])
-
-
-def _load_sidecar(shard: Shard, directory: Optional[str]) -> object:
-    if not directory:
-        return None
-    try:
-        return sidecar_mod.load(shard, directory)
-    except Exception as exc:
-        log.warning("%s: cannot load its sidecar: %s", shard.path, exc)
-        return None
 
 
 def clone_session_fd(session_fd: int) -> None:
@@ -235,6 +216,7 @@ def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordin
         clone_session_fd(session_fd)
         hooks = WorkerHooks(fs.shards, state, position, coordinator)
         fs.hooks = hooks
+        fs.shards.in_use = lambda number: state.open_files(number) > 0
         if fs.winery is not None:
             fs.winery.attach(state, position)
             fs.winery.wait_for_table = hooks.wait_for_publish

@@ -61,7 +61,7 @@ test-c: apt tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex
 # one worker per mount (SHARDFS_WORKERS=1: workers=1 must keep working; the
 # 60-s stress tests are shortened to 20 s there).
 MOUNT_TESTS := tests/test_fuse.py tests/test_mount_scale.py tests/test_workers.py tests/test_hardening.py \
-	tests/test_winery.py
+	tests/test_winery.py tests/test_open_bound.py
 
 test-py: venv
 	$(PY) -m pytest -q tests

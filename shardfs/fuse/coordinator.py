@@ -615,16 +615,40 @@ class Coordinator:
         shards (cached for a year), FORGET_BATCH at a time: the next access
         to such a name asks the workers again, who answer from the shards
         served now (another copy, the new file of a replaced shard, or no
-        such object)."""
+        such object). A shard whose file no process holds any more (its
+        keys cannot be read) gets the attributes of its slots' inodes
+        invalidated instead: the next access to a name the kernel still
+        has asks for them, is answered ESTALE, and the kernel looks the
+        name up again."""
         import pyfuse3
 
         if not self._forget:
             return
         item = self._forget[0]
         member, first = item
+        try:
+            shard = member.shard
+        except (OSError, ShardError) as exc:
+            if first == 0:
+                log.info("%s: its file is gone (%s): invalidating the inodes of its %d slots",
+                         member.path, exc, member.slots)
+            end = min(first + FORGET_BATCH, member.slots)
+            for slot in range(first, end):
+                try:
+                    pyfuse3.invalidate_inode(object_inode(member.number, slot), False)
+                except OSError as exc:
+                    if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not have it
+                        log.warning("cannot invalidate an object of %s: %s", member.path, exc)
+                        end = member.slots
+                        break
+            item[1] = end
+            if end < member.slots:
+                return
+            self._forget.pop(0)
+            return
         budget = FORGET_BATCH
         try:
-            for slot, key, _, _ in member.shard.scan(first, FORGET_BATCH, on_corrupt=lambda n: None):
+            for slot, key, _, _ in shard.scan(first, FORGET_BATCH, on_corrupt=lambda n: None):
                 name = key.hex()
                 for parent in self.fs.layout.parents_of(name):
                     try:

@@ -327,16 +327,26 @@ class ShardFS(pyfuse3.Operations):
     def _object(self, inode: int, opened: bool = False) -> Tuple[MountedShard, int, int]:
         """(shard, data_offset, size) of an object inode, read from its
         index slot now (so a takedown is seen at once). Raises ENOENT when
-        the inode names nothing: a directory, an empty or deleted slot, a
-        shard no longer served (unless `opened`: a file opened before the
-        shard was removed keeps reading it)."""
+        the inode names nothing: a directory, an empty or deleted slot.
+        Raises ESTALE when its shard is no longer served (unless `opened`:
+        a file opened before the shard was removed keeps reading it) or
+        was replaced under the mount: the kernel then looks the name up
+        again (LOOKUP_REVAL) and finds the key where it is served now, or
+        nowhere, even if it still cached the name."""
         split = split_object_inode(inode)
         if split is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         member = self.shards.get(split[0])
-        if member is None or (member.removed and not opened) or split[1] >= member.shard.slot_count:
+        if member is None or (member.removed and not opened):
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        if split[1] >= member.slots:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        found = member.shard.slot(split[1])
+        try:
+            found = member.shard.slot(split[1])
+        except OSError as exc:
+            if exc.errno == errno.ESTALE:  # replaced: the rescan will notice
+                raise pyfuse3.FUSEError(errno.ESTALE) from None
+            raise
         if found is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         if self.winery is not None and self.winery.reader.is_hidden(found[0], member.number):

@@ -1,0 +1,193 @@
+"""More shards than a process may keep open: shards open on demand through
+a bounded cache (least recently used closed first), in the Python set and
+in a real mount run under a low descriptor limit (RLIMIT_NOFILE). Every
+object is still found and read, absent keys are not, each process of the
+mount stays within its bound, a file open on a shard keeps reading it
+while other shards push it out of the cache, and a shard replaced while
+closed everywhere is served from its new file."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+from pathlib import Path
+
+import pytest
+
+from mounting import SHARDFS, mount_processes, needs_fuse, run, wait_until, worker_pids
+from shardfs import ShardWriter
+from shardfs.fuse.shardset import FD_RESERVE, ShardSet, default_max_open
+from shardfs.gindex import IndexSet, index_dir
+
+from test_global_index import sha
+
+#: Shards of the mount test, objects in each.
+SHARDS = 300
+OBJECTS = 5
+#: RLIMIT_NOFILE of the mount's processes: each keeps at most
+#: LIMIT - LIMIT // 4 = 120 shards open (`default_max_open`).
+LIMIT = 160
+BOUND = LIMIT - min(FD_RESERVE, LIMIT // 4)
+
+
+def objects_of(seed: int, n: int = OBJECTS) -> dict:
+    rnd = random.Random(seed)
+    blobs = [rnd.randbytes(rnd.randint(1, 64)) + b"#%d/%d" % (seed, i) for i in range(n)]
+    return {sha(b): b for b in blobs}
+
+
+def write(path: Path, objects: dict) -> None:
+    with ShardWriter(path) as w:
+        for key, data in objects.items():
+            w.add(key, data)
+
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory):
+    """SHARDS shards of OBJECTS objects in one directory: (directory,
+    {file name: {key: bytes}})."""
+    base = tmp_path_factory.mktemp("bound") / "shards"
+    base.mkdir()
+    contents = {}
+    for i in range(SHARDS):
+        name = f"s{i:04d}.shard"
+        contents[name] = objects_of(i)
+        write(base / name, contents[name])
+    return base, contents
+
+
+def test_default_bound_follows_the_descriptor_limit():
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    bound = default_max_open()
+    assert 16 <= bound <= soft - min(FD_RESERVE, soft // 4)
+
+
+def test_set_with_a_small_bound_finds_every_key(small_shards, tmp_path):
+    base, contents = small_shards
+    shards = ShardSet(cache_dir=str(tmp_path / "cache"), max_open=8)
+    shards.index = IndexSet(index_dir(str(tmp_path / "cache"), "bound"))
+    shards.index.load()
+    names = sorted(contents)[:40]
+    for name in names:
+        shards.add(str(base / name))
+    assert len(shards.open_shards) == 8  # the last 8 added
+    # Not indexed yet: every shard is a candidate, opened in turn.
+    for name in names[::9]:
+        key, data = next(iter(contents[name].items()))
+        member, _, _, size = shards.find(key)
+        assert member.path == str(base / name) and size == len(data)
+        assert len(shards.open_shards) <= 8
+    shards.index.add_shards(((m.identity, m.shard) for m in shards.served()),
+                            [m.identity for m in shards.served()])
+    shards.reload_index()
+    reopens = shards.reopens
+    for name in names:
+        for key, data in contents[name].items():
+            member, _, data_offset, size = shards.find(key)
+            assert member.shard.pread(data_offset, size, 0, size) == data
+            assert len(shards.open_shards) <= 8
+    assert shards.reopens > reopens  # the cache was too small: shards were opened again
+    assert shards.find(sha(b"absent")) is None
+    shards.close()
+
+
+def _stats(point: Path) -> dict:
+    return json.loads(os.getxattr(point, "user.shardfs.stats"))
+
+
+def _open_shard_files(pid: int, shard_dir: Path) -> int:
+    """Descriptors of process `pid` open on files of `shard_dir`."""
+    fd_dir = f"/proc/{pid}/fd"
+    count = 0
+    for name in os.listdir(fd_dir):
+        try:
+            count += os.readlink(os.path.join(fd_dir, name)).startswith(str(shard_dir) + "/")
+        except OSError:
+            pass
+    return count
+
+
+def _mapped_shard_files(pid: int, shard_dir: Path) -> int:
+    """Distinct files of `shard_dir` mapped by process `pid`."""
+    with open(f"/proc/{pid}/maps") as f:
+        return len({line.split(None, 5)[5].strip() for line in f
+                    if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith(str(shard_dir) + "/")})
+
+
+def _limit_descriptors() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+
+
+@needs_fuse
+def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_path):
+    base, contents = small_shards
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    for name in contents:
+        os.link(base / name, shard_dir / name)
+    point = tmp_path / "m"
+    proc = mounter.command(SHARDFS + ["mount", "--shard-dir", str(shard_dir), "--layout", "flat",
+                                      "--cache-dir", str(tmp_path / "cache"), str(point)],
+                           point, preexec_fn=_limit_descriptors)
+    assert proc.returncode == 0, proc.stderr
+    assert wait_until(lambda: (_stats(point)["index"] or {}).get("indexed_shards") == SHARDS, timeout=60), \
+        _stats(point)
+
+    # Every object of every shard, by name; absent names are not there.
+    for name in sorted(contents):
+        for key, data in contents[name].items():
+            assert (point / key.hex()).read_bytes() == data
+    for i in range(200):
+        with pytest.raises(FileNotFoundError):
+            os.stat(point / sha(b"absent %d" % i).hex())
+    processes = mount_processes(point)
+    assert len(processes) >= 2
+    for pid in processes:
+        assert len(os.listdir(f"/proc/{pid}/fd")) <= LIMIT
+        assert _open_shard_files(pid, shard_dir) <= BOUND, pid
+        assert _mapped_shard_files(pid, shard_dir) <= BOUND, pid
+    # The workers did open every shard at some point: the bound was used.
+    assert any(_open_shard_files(pid, shard_dir) >= BOUND // 2 for pid in worker_pids(point))
+
+    # A file open on a shard keeps reading it while every other shard is
+    # read (pushing it out of any cache), and after its file is replaced.
+    victim = sorted(contents)[7]
+    key, data = next(iter(contents[victim].items()))
+    with open(point / key.hex(), "rb", buffering=0) as held:
+        for name in sorted(contents):
+            for k in contents[name]:
+                os.stat(point / k.hex())
+        assert os.pread(held.fileno(), len(data) + 10, 0) == data
+        replacement = objects_of(10_000)
+        write(tmp_path / "replacement.shard", replacement)
+        os.rename(tmp_path / "replacement.shard", shard_dir / victim)
+        new_key = next(iter(replacement))
+        assert wait_until(lambda: (point / new_key.hex()).exists(), timeout=10)
+        assert wait_until(lambda: not (point / key.hex()).exists(), timeout=10)
+        assert os.pread(held.fileno(), len(data) + 10, 0) == data
+    assert (point / new_key.hex()).read_bytes() == replacement[new_key]
+
+    # A shard replaced while no process has it open: its new objects are
+    # served, its old ones are gone.
+    cold = sorted(contents)[150]
+    for name in sorted(contents)[200:]:  # push it out of every cache
+        for k in contents[name]:
+            os.stat(point / k.hex())
+    fresh = objects_of(20_000)
+    kept_key, kept = next(iter(contents[cold].items()))
+    fresh[kept_key] = kept  # also in the new file: a new inode, the same bytes
+    write(tmp_path / "fresh.shard", fresh)
+    os.rename(tmp_path / "fresh.shard", shard_dir / cold)
+    fresh_key = next(iter(fresh))
+    assert wait_until(lambda: (point / fresh_key.hex()).exists(), timeout=10)
+    assert (point / fresh_key.hex()).read_bytes() == fresh[fresh_key]
+    # The kernel cached the old names: they are looked up again, not
+    # answered from the old shard's inodes.
+    assert (point / kept_key.hex()).read_bytes() == kept
+    for k in contents[cold]:
+        if k != kept_key:
+            with pytest.raises(FileNotFoundError):
+                os.stat(point / k.hex())
+    assert run(SHARDFS + ["umount", str(point)]).returncode == 0

@@ -472,21 +472,35 @@ def cmd_mount(args: argparse.Namespace) -> int:
         from shardfs.fuse import mount as fuse_mount
     except ImportError as exc:
         raise Failure(f"mount is unavailable: {one_line(exc)}") from exc
-    result = fuse_mount.mount(
-        shard_paths=shards,
-        mountpoint=mountpoint,
-        foreground=args.foreground,
-        options=options,
-        debug=args.debug,
-        log_file=args.log_file,
-        shard_dir=args.shard_dir,
-        layout=args.layout,
-        slicing=args.slicing,
-        cache_dir=args.cache_dir,
-        helper=getattr(args, "helper", False),
-        winery=args.winery,
-        winery_pools_dir=args.winery_pools_dir,
-    )
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        """Shards the mount's daemon has opened so far, and in all."""
+        nonlocal bar
+        if bar is None:
+            bar = _progress_bar(total=total, unit=" shards", desc="opening")
+        bar.update(done - bar.n)
+
+    try:
+        result = fuse_mount.mount(
+            shard_paths=shards,
+            mountpoint=mountpoint,
+            foreground=args.foreground,
+            options=options,
+            debug=args.debug,
+            log_file=args.log_file,
+            shard_dir=args.shard_dir,
+            layout=args.layout,
+            slicing=args.slicing,
+            cache_dir=args.cache_dir,
+            helper=getattr(args, "helper", False),
+            winery=args.winery,
+            winery_pools_dir=args.winery_pools_dir,
+            progress=progress,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
     return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
 
 

@@ -85,6 +85,12 @@ STOP_GRACE = 2.0
 #: Names of a removed shard invalidated per turn of the loop (the loop
 #: keeps turning, without waiting, until all are done).
 FORGET_BATCH = 4096
+#: Seconds between two publications of sidecars built (`_publish_later`),
+#: one more per PUBLISH_SHARDS shards served.
+PUBLISH_INTERVAL = 1.0
+PUBLISH_SHARDS = 10_000
+#: Added shards named one by one in the log, at most, per rescan.
+LOG_NAMES = 20
 #: Most shards, and objects, the global index builder indexes in one level
 #: (see `index_batches`).
 INDEX_BATCH_SHARDS = 4096
@@ -190,6 +196,11 @@ class Coordinator:
         self._index_failed = False
         #: Shard numbers a builder was asked to index.
         self._index_tried: Set[int] = set()
+        #: The shard set's version when the builder last found nothing to do.
+        self._idle_at = -1
+        #: When the table was last published, when it is due (`_publish_later`).
+        self._published_at = 0.0
+        self._publish_at: Optional[float] = None
 
     # ------------------------------------------------------------- serve
 
@@ -401,7 +412,11 @@ class Coordinator:
             self._forget_names()
             self._close_unused()
             self._start_builder()
+            if self._publish_at is not None and time.monotonic() >= self._publish_at:
+                self._publish()
             timeout = 0.0 if self._forget else 1.0
+            if self._publish_at is not None:
+                timeout = max(0.0, min(timeout, self._publish_at - time.monotonic()))
             if self._rescan_at is not None:
                 timeout = max(0.0, min(timeout, self._rescan_at - time.monotonic()))
             if self.catalog is not None:
@@ -494,6 +509,9 @@ class Coordinator:
         if added or gone:
             log.info("rescan of %s: %d shard(s) added, %d removed",
                      self.shards.shard_dir or "the shards named at mount", len(added), len(gone))
+            for member in added[:LOG_NAMES]:
+                log.info("serving shard %s as number %d (%d objects)", member.path, member.number,
+                         member.objects)
             for member in gone:
                 self._hold(member)
             self._publish()
@@ -766,6 +784,20 @@ class Coordinator:
 
     def _publish(self) -> None:
         self.state.publish(self.table())
+        self._publish_at = None
+        self._published_at = time.monotonic()
+
+    def _publish_later(self) -> None:
+        """Publish a change workers need not see at once (a sidecar built)
+        within `publish_interval()` seconds of the last publication: each
+        table is read whole by every worker, so with many shards it is not
+        written for every sidecar."""
+        if self._publish_at is None:
+            self._publish_at = self._published_at + self.publish_interval()
+
+    def publish_interval(self) -> float:
+        """PUBLISH_INTERVAL seconds, one more per PUBLISH_SHARDS shards."""
+        return PUBLISH_INTERVAL * (1 + len(self.shards.shards) // PUBLISH_SHARDS)
 
     # ----------------------------------------------------------- sidecars
 
@@ -775,7 +807,7 @@ class Coordinator:
         then builds the sidecars of the shards that lack one, in turn
         (reporting "ok N", "failed N", or "cache_dir N": the cache
         directory cannot be written, it stops)."""
-        if self._builder is not None or self._stopping:
+        if self._builder is not None or self._stopping or self._idle_at == self.shards.version:
             return
         todo = self.shards.needs_sidecar()
         index = self.shards.index
@@ -784,6 +816,7 @@ class Coordinator:
             unindexed = [m for m in self.shards.served()
                          if not m.indexed and m.identity and m.number not in self._index_tried]
         if not todo and not unindexed:
+            self._idle_at = self.shards.version  # nothing to do until the set changes
             return
         directory = self.shards.sidecar_dir
         r, w = os.pipe2(os.O_CLOEXEC)
@@ -831,7 +864,8 @@ class Coordinator:
 
     def _read_builder(self, exited: Optional[int] = None) -> None:
         """Take the builder's reports (all of them once it `exited`, with
-        that exit code): load and publish the new sidecars, once per call."""
+        that exit code): publish new index levels at once, new sidecars at
+        the next `_publish_later` turn (or now, when the builder is done)."""
         b = self._builder
         data = b["partial"]
         while True:
@@ -861,7 +895,7 @@ class Coordinator:
             elif word == b"failed":
                 member.sidecar_failed = True
             elif self.shards.sidecar_built(member, b["directory"]):
-                published = True
+                self._publish_later()
             else:
                 member.sidecar_failed = True
         if exited is not None:
@@ -874,6 +908,7 @@ class Coordinator:
             self._poller.unregister(b["fd"])
             os.close(b["fd"])
             self._builder = None
+            published = published or self._publish_at is not None
         if published:
             self._publish()
 

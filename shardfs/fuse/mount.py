@@ -44,6 +44,8 @@ log = logging.getLogger("shardfs.fuse")
 
 #: Seconds `mount()` waits for the daemon to answer before giving up.
 READY_TIMEOUT = 10.0
+#: Seconds between two progress lines of a daemon opening its shards.
+PROGRESS_SECONDS = 1.0
 
 #: Mount options always given (the user may add more, never "rw").
 BASE_OPTIONS = ("ro", "subtype=shardfs", "default_permissions", "nosuid", "nodev")
@@ -279,11 +281,13 @@ AUTO_FLAT_LIMIT = 100_000
 
 
 def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
-                   cache_dir: Optional[str] = None) -> "ShardSet":
+                   cache_dir: Optional[str] = None,
+                   progress: Optional[Callable[[int, int], None]] = None) -> "ShardSet":
     """Open the shards of a mount: `shard_paths` in order (each must be a
     valid shard: errors propagate), then the shards of `shard_dir` in name
     order (invalid ones are logged and skipped; they are retried when they
     change). Sidecars are loaded from `cache_dir`, never built here.
+    `progress(done, total)` is called as the directory's shards are opened.
     Raises ShardError when there is nothing to serve and no directory."""
     from shardfs.fuse.shardset import ShardSet
 
@@ -299,7 +303,7 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
             shards.add(p)
         if shard_dir is not None:
             try:
-                shards.rescan()  # the directory's shards
+                shards.rescan(progress)  # the directory's shards
             except OSError as exc:
                 raise _shard_error(f"shard directory {shard_dir}: {exc.strerror or exc}") from None
     except BaseException:
@@ -438,6 +442,26 @@ def _report(ready_fd: Optional[int], message: str) -> None:
 _reported = False
 
 
+def _progress_reporter(ready_fd: Optional[int]) -> Callable[[int, int], None]:
+    """A `progress(done, total)` for `open_shard_set` that tells the parent
+    ("progress DONE TOTAL" lines, at most one per PROGRESS_SECONDS, each
+    giving it READY_TIMEOUT seconds more), so that a mount of very many
+    shards is not taken for a hung one."""
+    last = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if ready_fd is None or _reported or now - last[0] < PROGRESS_SECONDS:
+            return
+        last[0] = now
+        try:
+            os.write(ready_fd, b"progress %d %d\n" % (done, total))
+        except OSError:
+            pass
+
+    return progress
+
+
 # ------------------------------------------------------------------ mount
 
 
@@ -456,6 +480,7 @@ def mount(
     workers: Optional[int] = None,
     winery: Optional[str] = None,
     winery_pools_dir: Optional[str] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> int:
     """Mount shards read-only on `mountpoint`; return an exit status.
 
@@ -518,8 +543,9 @@ def mount(
             raise _shard_error(str(exc)) from None
     mp = check_mountpoint(mountpoint)
     if not foreground:
-        return _spawn_daemon(shard_paths, mp, opts, debug, log_file, shard_dir=shard_dir, layout=layout,
-                             slicing=slicing, cache_dir=cache_dir, uid=uid, gid=gid, workers=workers)
+        return _spawn_daemon(shard_paths, mp, opts, debug, log_file, progress=progress, shard_dir=shard_dir,
+                             layout=layout, slicing=slicing, cache_dir=cache_dir, uid=uid, gid=gid,
+                             workers=workers)
     setup_logging(debug, log_file)
     shards = open_shard_set(shard_paths, shard_dir, cache_dir)
     try:
@@ -572,7 +598,8 @@ def _default_cache_dir() -> str:
 
 
 def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], debug: bool,
-                  log_file: Optional[str], stdin_data: Optional[bytes] = None, **settings: object) -> int:
+                  log_file: Optional[str], stdin_data: Optional[bytes] = None,
+                  progress: Optional[Callable[[int, int], None]] = None, **settings: object) -> int:
     """Start the daemon and wait for its status line. `settings` become
     ``--name value`` arguments (``--name`` alone when True, left out when
     None or False); `stdin_data` is written to its stdin (a secret such as
@@ -616,7 +643,7 @@ def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], d
         except OSError:
             pass  # it died: its status says why
     try:
-        status = _wait_ready(rfd, child)
+        status = _wait_ready(rfd, child, progress)
     finally:
         os.close(rfd)
     if status == "ok":
@@ -648,12 +675,24 @@ def _spawn_daemon(shard_paths: List[str], mountpoint: str, options: List[str], d
     raise _shard_error(message)
 
 
-def _wait_ready(rfd: int, child: subprocess.Popen) -> Optional[str]:
+def _wait_ready(rfd: int, child: subprocess.Popen,
+                progress: Optional[Callable[[int, int], None]] = None) -> Optional[str]:
     """Read the daemon's status line: "ok", "error: ...", "" if the pipe
-    closed without a word (the child died), None on timeout (child killed)."""
+    closed without a word (the child died), None on timeout (child killed).
+    Each "progress DONE TOTAL" line before it (shards opened so far) gives
+    the daemon READY_TIMEOUT seconds more, and is passed to `progress`."""
     deadline = time.monotonic() + READY_TIMEOUT
     data = b""
     while True:
+        while b"\n" in data:
+            line, rest = data.split(b"\n", 1)
+            if not line.startswith(b"progress "):
+                return line.decode("utf-8", "replace").strip()
+            data = rest
+            deadline = time.monotonic() + READY_TIMEOUT
+            if progress is not None:
+                done, total = (int(v) for v in line.split()[1:3])
+                progress(done, total)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             child.terminate()
@@ -669,8 +708,6 @@ def _wait_ready(rfd: int, child: subprocess.Popen) -> Optional[str]:
         if not chunk:
             return data.decode("utf-8", "replace").strip()
         data += chunk
-        if b"\n" in data:
-            return data.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
 
 
 def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -708,7 +745,8 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
             shards.followed = True
             winery = (catalog, view)
         else:
-            shards = open_shard_set(args.shards, args.shard_dir, args.cache_dir)
+            shards = open_shard_set(args.shards, args.shard_dir, args.cache_dir,
+                                    progress=_progress_reporter(ready_fd))
     except Exception as exc:
         _report(ready_fd, f"error: {exc}")
         return 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import itertools
 import logging
 import os
 import resource
@@ -49,7 +50,7 @@ log = logging.getLogger("shardfs.fuse")
 CACHE_DIR_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class MountedShard:
     """One shard of a mount, open or not.
 
@@ -120,6 +121,8 @@ FD_RESERVE = 1024
 MAP_RESERVE = 4096
 #: Fewest shards a process keeps open, whatever the limits say.
 MIN_OPEN = 16
+#: Paths opened between two calls of `ShardSet.rescan`'s progress.
+PROGRESS_EVERY = 1000
 
 
 def default_max_open() -> int:
@@ -173,7 +176,7 @@ class OpenCache:
     def _drop(self, count: int) -> None:
         # Look at the oldest count + 16 only: entries in use are moved to
         # the end, so each call costs O(count) however many are in use.
-        for number in list(self.items)[:count + 16]:
+        for number in list(itertools.islice(self.items, count + 16)):
             if count == 0:
                 break
             if self.in_use(number):
@@ -278,12 +281,17 @@ class ShardSet:
         self.index = None
         #: (version, shards in `filters`): filters are skipped when empty.
         self._filtered = (-1, 0)
+        #: (version, `served()` then).
+        self._served: Tuple[int, List[MountedShard]] = (-1, [])
 
     # ------------------------------------------------------------ members
 
     def served(self) -> List[MountedShard]:
-        """Served shards (not removed), by number (= priority)."""
-        return [m for n, m in sorted(self.shards.items()) if not m.removed]
+        """Served shards (not removed), by number (= priority). The list is
+        shared until the set changes: do not modify it."""
+        if self._served[0] != self.version:
+            self._served = (self.version, [m for n, m in sorted(self.shards.items()) if not m.removed])
+        return self._served[1]
 
     def __len__(self) -> int:
         return sum(1 for m in self.shards.values() if not m.removed)
@@ -425,7 +433,7 @@ class ShardSet:
                 log.warning("%s: cannot load its sidecar: %s", path, exc)
         elif os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
             member.sidecar_dir = self.cache_dir  # loaded when a listing needs it
-        log.info("serving shard %s as number %d (%d objects%s)", path, number, member.objects,
+        log.debug("serving shard %s as number %d (%d objects%s)", path, number, member.objects,
                  ", indexed" if member.indexed else "" if member.filter is not None else ", sidecar pending")
         return member
 
@@ -656,19 +664,24 @@ class ShardSet:
         self._rejected[path] = seen
         log.warning("%s: not served: %s", path, exc)
 
-    def rescan(self) -> Tuple[List[MountedShard], List[MountedShard]]:
+    def rescan(self, progress: Optional[Callable[[int, int], None]] = None
+               ) -> Tuple[List[MountedShard], List[MountedShard]]:
         """Bring the set in line with the files (`plan_rescan`); returns
         (shards added, shards removed). New valid shards are added in name
         order; a path that fails to open (incomplete copy, not a shard) is
         logged once and retried when it changes. Removed shards stay open
-        until `discard`. Raises OSError when `shard_dir` cannot be read."""
+        until `discard`. `progress(done, total)`, when given, is called
+        every PROGRESS_EVERY paths opened and at the end. Raises OSError
+        when `shard_dir` cannot be read."""
         gone, new = self.plan_rescan()
         for member in gone:
             self.remove(member)
         added = []
-        for path, seen in new:
+        for done, (path, seen) in enumerate(new, 1):
             try:
                 added.append(self.add(path))
             except Exception as exc:
                 self.reject(path, seen, exc)
+            if progress is not None and (done % PROGRESS_EVERY == 0 or done == len(new)):
+                progress(done, len(new))
         return (added, gone)

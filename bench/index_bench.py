@@ -739,8 +739,12 @@ class MountRun:
                 chk = serve_check(m.mp, objs, *checks[n])
                 chk.update(shards=n, objects=objs.count, stats_shards=m.stats().get("shards"))
                 count, lines = log_problems(m.log_file)
-                chk.update(daemon_log_problems=count, daemon_log_first=lines)
+                chk.update(daemon_log_problems=count, daemon_log_first=lines,
+                           processes=mount_resources(m.mp))
                 self.check_rows.append(chk)
+                log(f"  {n:,} shards: processes after the serve check: " + "; ".join(
+                    f"{p['comm']}: {p['fds']:,} fds, {p['maps']:,} maps, {p['rss_anon_kb'] / 1024:.1f} MiB anon"
+                    for p in chk["processes"]))
                 log(f"  {n:,} shards: serve check: {chk['objects_read']:,} objects stat'ed, read and "
                     f"compared, {chk['absent_stat']:,} absent names: {chk['wrong']} wrong"
                     + (f" ({'; '.join(chk['messages'])})" if chk["messages"] else ""))
@@ -913,6 +917,41 @@ def other_tables(res: dict) -> List[Tuple[str, List[str], List[List[str]], List[
     out.append(("Serve check on the warm mount: stat + read + compare objects, stat absent names",
                 ["shards", "shards served", "objects read", "absent names", "wrong", "daemon log warnings"],
                 rows, [True] * 6))
+    rows = []
+    for r in res["checks"]:
+        for p in r.get("processes") or []:
+            rows.append([f"{r['shards']:,}", p["comm"], f"{p['fds']:,}", f"{p['maps']:,}",
+                         f"{p['rss_anon_kb'] / 1024:.1f}", f"{p['rss_file_kb'] / 1024:.1f}"])
+    out.append((f"Processes of the warm mount after the serve check (limits: {res['nofile'][0]:,} descriptors, "
+                f"{res['max_map_count']} maps per process)",
+                ["shards", "process", "descriptors", "memory maps", "anonymous MiB", "file-backed MiB"],
+                rows, [True, False, True, True, True, True]))
+    return out
+
+
+def mount_resources(mountpoint: str) -> List[dict]:
+    """Descriptors, memory maps and resident memory (anonymous, file-backed)
+    of each process serving `mountpoint` (its command line names it)."""
+    out = []
+    for pid in sorted(int(e) for e in os.listdir("/proc") if e.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if b"shardfs.fuse.mount" not in argv or os.fsencode(mountpoint) not in argv:
+                continue
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            with open(f"/proc/{pid}/maps") as f:
+                maps = sum(1 for _ in f)
+            fields = {}
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    name, _, value = line.partition(":")
+                    fields[name] = value.split()
+            out.append({"pid": pid, "comm": comm, "fds": len(os.listdir(f"/proc/{pid}/fd")), "maps": maps,
+                        "rss_anon_kb": int(fields["RssAnon"][0]), "rss_file_kb": int(fields["RssFile"][0])})
+        except (OSError, KeyError, ValueError):
+            continue  # gone meanwhile
     return out
 
 
@@ -950,6 +989,19 @@ def goal_lines(res: dict) -> List[str]:
         else:
             lines.append(f"{v(x >= GOAL_RATIO)} {label} >= {GOAL_RATIO}x one shard through the mount ({kind}): "
                          f"stat {a:,.0f}/s vs {b:,.0f}/s = {x:.2f}x ({res['threads']} threads){stand}")
+    for n in [n for n in res["splits"] if n > GOAL_SHARDS]:
+        chk = _find(res["checks"], shards=n)
+        procs = (chk or {}).get("processes") or []
+        if chk is None or not procs:
+            lines.append(f"MISSED {n:,} shards mount and serve: no serve check (see the errors)")
+            continue
+        fds, maps = max(p["fds"] for p in procs), max(p["maps"] for p in procs)
+        ok = (chk["wrong"] == 0 and chk.get("stats_shards") == n and fds <= res["nofile"][0]
+              and maps <= int(res["max_map_count"]))
+        lines.append(f"{v(ok)} {n:,} shards mount and serve: {chk.get('stats_shards') or 0:,} served, "
+                     f"{chk['objects_read']:,} objects read and {chk['absent_stat']:,} absent names, "
+                     f"{chk['wrong']} wrong; at most {fds:,} descriptors and {maps:,} maps per process "
+                     f"(limits {res['nofile'][0]:,} and {res['max_map_count']})")
     return lines
 
 

@@ -72,8 +72,8 @@ class MountedShard:
     slots: int
     extent: int
     mtime: float
-    #: The shard's 32-byte identity (`shardfs.sidecar.identity`); b"" when
-    #: not computed (a set without a global index).
+    #: The shard's 32-byte identity (`shardfs.sidecar.identity`), computed
+    #: when the coordinator first opened it.
     identity: bytes = b""
     #: No longer served (gone from the shard directory, replaced): new
     #: lookups and opens do not see it, files already open keep reading it
@@ -361,14 +361,6 @@ class ShardSet:
         Returns False when it cannot be loaded (logged)."""
         if member.removed or member.sidecar_dir is not None:
             return True
-        if member.indexed:  # loaded when a listing needs it
-            sidecar = self._load_sidecar(member, directory)
-            if sidecar is None:
-                return False
-            sidecar.close()
-            member.sidecar_dir = directory
-            self.version += 1
-            return True
         sidecar = self._load_sidecar(member, directory)
         if sidecar is None:
             return False
@@ -434,7 +426,7 @@ class ShardSet:
         elif os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
             member.sidecar_dir = self.cache_dir  # loaded when a listing needs it
         log.debug("serving shard %s as number %d (%d objects%s)", path, number, member.objects,
-                 ", indexed" if member.indexed else "" if member.filter is not None else ", sidecar pending")
+                  ", indexed" if member.indexed else "" if member.filter is not None else ", sidecar pending")
         return member
 
     def add_entry(self, member: MountedShard) -> MountedShard:
@@ -528,12 +520,12 @@ class ShardSet:
         member.sidecar_dir = directory
         member.live = sidecar.count
         if member.indexed:
-            self.open_sidecars.put(member.number, sidecar)
+            sidecar.close()  # loaded again when a listing needs it
         else:
             member.filter = sidecar
             self.filters.set(member.number, sidecar)
         self.version += 1
-        log.info("shard %s: sidecar ready (%d keys)", member.path, sidecar.count)
+        log.info("shard %s: sidecar ready (%d keys)", member.path, member.live)
 
     def mark_indexed(self, member: MountedShard) -> None:
         """`member` is in the global index from now on: drop its own filter

@@ -165,7 +165,11 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
         if entry["removed"]:
             shards.remove(member)
         elif member.sidecar_dir is None and entry["sidecar_dir"]:
-            shards.sidecar_built(member, entry["sidecar_dir"])
+            if member.indexed:  # needed for listings only: loaded then
+                member.sidecar_dir = entry["sidecar_dir"]
+                shards.version += 1
+            else:
+                shards.sidecar_built(member, entry["sidecar_dir"])
     for member in list(shards.shards.values()):
         if member.number not in listed:
             shards.discard(member)

@@ -191,3 +191,47 @@ def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_pa
             with pytest.raises(FileNotFoundError):
                 os.stat(point / k.hex())
     assert run(SHARDFS + ["umount", str(point)]).returncode == 0
+
+
+def test_progress_lines_keep_a_slow_start_alive(monkeypatch):
+    """A daemon that reports progress (as one opening 100,000 shards does)
+    is waited for past READY_TIMEOUT; each report reaches the caller."""
+    import subprocess
+    import threading
+    import time
+
+    from shardfs.fuse import mount as mount_mod
+
+    monkeypatch.setattr(mount_mod, "READY_TIMEOUT", 0.5)
+    rfd, wfd = os.pipe()
+    child = subprocess.Popen(["sleep", "30"])
+    seen = []
+
+    def daemon():
+        for done in (100, 200, 300, 400):
+            time.sleep(0.3)  # 1.2 s in all: more than READY_TIMEOUT
+            os.write(wfd, b"progress %d 400\n" % done)
+        os.write(wfd, b"ok\n")
+
+    writer = threading.Thread(target=daemon)
+    writer.start()
+    try:
+        assert mount_mod._wait_ready(rfd, child, lambda d, t: seen.append((d, t))) == "ok"
+        assert seen == [(100, 400), (200, 400), (300, 400), (400, 400)]
+        assert child.poll() is None  # never taken for a hung daemon
+    finally:
+        writer.join()
+        child.kill()
+        child.wait()
+        os.close(rfd)
+        os.close(wfd)
+    # Without reports, the same wait gives up after READY_TIMEOUT.
+    rfd, wfd = os.pipe()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert mount_mod._wait_ready(rfd, child) is None
+        assert child.wait(timeout=5) is not None  # terminated
+    finally:
+        child.kill()
+        os.close(rfd)
+        os.close(wfd)

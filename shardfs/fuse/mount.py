@@ -690,9 +690,9 @@ def _wait_ready(rfd: int, child: subprocess.Popen,
                 return line.decode("utf-8", "replace").strip()
             data = rest
             deadline = time.monotonic() + READY_TIMEOUT
-            if progress is not None:
-                done, total = (int(v) for v in line.split()[1:3])
-                progress(done, total)
+            fields = line.split()
+            if progress is not None and len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+                progress(int(fields[1]), int(fields[2]))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             child.terminate()

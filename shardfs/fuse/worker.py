@@ -23,8 +23,8 @@ Before each request, `WorkerHooks.begin` brings the worker's shard set up to
 date with the table the coordinator publishes (`shardfs.fuse.shared`) when
 its sequence changed: shards added (described: a worker opens a shard when
 it first uses one, by path, and checks that the path still names the file
-the coordinator validated), removed, closed, and sidecars built. The worker exits 0 when the session ends (the
-filesystem was unmounted).
+the coordinator validated), removed, closed, and sidecars built. The
+worker exits 0 when the session ends (the filesystem was unmounted).
 """
 
 from __future__ import annotations

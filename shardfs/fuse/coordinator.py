@@ -512,8 +512,7 @@ class Coordinator:
             for member in added[:LOG_NAMES]:
                 log.info("serving shard %s as number %d (%d objects)", member.path, member.number,
                          member.objects)
-            for member in gone:
-                self._hold(member)
+            self._hold(gone)
             self._publish()
             for member in gone:
                 self._removed_at[member.number] = (self.state.sequence, time.monotonic())
@@ -540,8 +539,7 @@ class Coordinator:
             return
         if not change.changed:
             return
-        for member in change.removed:
-            self._hold(member)
+        self._hold(change.removed)
         self._publish()
         for member in change.removed:
             self._removed_at[member.number] = (self.state.sequence, time.monotonic())
@@ -740,47 +738,49 @@ class Coordinator:
             table["winery"] = self.catalog.table()
         return table
 
-    def _hold(self, member: MountedShard) -> None:
-        """Keep removed `member`'s file open until it is discarded: its
-        names in the kernel are invalidated from its keys, and files open
-        on it keep reading it, while its path may name another file or
-        none. The coordinator's open copy is kept, else a worker's
-        descriptor of the file is reopened (``/proc/<worker>/fd/<n>``);
-        when no process has it open any more, its objects' cached names
-        expire with the kernel's caches (logged)."""
-        if member.held is not None:
+    def _hold(self, members: Sequence[MountedShard]) -> None:
+        """Keep the files of removed `members` open until they are
+        discarded: their names in the kernel are invalidated from their
+        keys, and files open on them keep reading them, while their paths
+        may name other files or none. The coordinator's open copy is kept,
+        else a worker's descriptor of the file is reopened
+        (``/proc/<worker>/fd/<n>``; the workers' descriptors are looked at
+        once per call). A shard no process has open any more is left to
+        `_forget_names`, which invalidates its inodes instead (logged)."""
+        missing = []
+        for member in members:
+            if member.held is None:
+                member.held = self.shards.open_shards.get(member.number)
+                if member.held is None:
+                    missing.append(member)
+        if not missing:
             return
-        shard = self.shards.open_shards.get(member.number)
-        for pid in [] if shard is not None else list(self._positions):
-            shard = self._open_from(member, "/proc/%d/fd" % pid)
-            if shard is not None:
-                break
-        if shard is None:
-            log.warning("%s (number %d) was replaced or removed while no process had it open: "
-                        "names of its objects cached by the kernel expire with its caches",
-                        member.path, member.number)
-            return
-        member.held = shard
-
-    def _open_from(self, member: MountedShard, fd_dir: str) -> Optional[object]:
-        """`member`'s shard opened through a descriptor of its file in
-        `fd_dir` (a /proc/<pid>/fd directory), or None."""
-        try:
-            names = os.listdir(fd_dir)
-        except OSError:
-            return None
-        for name in names:
-            path = os.path.join(fd_dir, name)
+        found: Dict[tuple, str] = {}
+        for pid in list(self._positions):
+            fd_dir = "/proc/%d/fd" % pid
             try:
-                if file_ident(os.stat(path)) != member.ident:
-                    continue
-                member.source = path
-                return self.shards.open_shard(member)
-            except (OSError, ShardError):
+                names = os.listdir(fd_dir)
+            except OSError:
                 continue
+            for name in names:
+                path = os.path.join(fd_dir, name)
+                try:
+                    found.setdefault(file_ident(os.stat(path)), path)
+                except OSError:
+                    continue
+        for member in missing:
+            member.source = found.get(member.ident)
+            try:
+                if member.source is not None:
+                    member.held = self.shards.open_shard(member)
+            except (OSError, ShardError) as exc:
+                log.debug("%s: cannot reopen it through %s: %s", member.path, member.source, exc)
             finally:
                 member.source = None
-        return None
+            if member.held is None:
+                log.warning("%s (number %d) was replaced or removed while no process had it open: "
+                            "the inodes of its objects are invalidated instead of their names",
+                            member.path, member.number)
 
     def _publish(self) -> None:
         self.state.publish(self.table())

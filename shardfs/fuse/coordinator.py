@@ -85,8 +85,8 @@ STOP_GRACE = 2.0
 #: Names of a removed shard invalidated per turn of the loop (the loop
 #: keeps turning, without waiting, until all are done).
 FORGET_BATCH = 4096
-#: Seconds between two publications of sidecars built (`_publish_later`),
-#: one more per PUBLISH_SHARDS shards served.
+#: Seconds between two publications of sidecars built (`_publish_later`)
+#: per PUBLISH_SHARDS shards served.
 PUBLISH_INTERVAL = 1.0
 PUBLISH_SHARDS = 10_000
 #: Added shards named one by one in the log, at most, per rescan.
@@ -796,8 +796,10 @@ class Coordinator:
             self._publish_at = self._published_at + self.publish_interval()
 
     def publish_interval(self) -> float:
-        """PUBLISH_INTERVAL seconds, one more per PUBLISH_SHARDS shards."""
-        return PUBLISH_INTERVAL * (1 + len(self.shards.shards) // PUBLISH_SHARDS)
+        """PUBLISH_INTERVAL seconds per PUBLISH_SHARDS shards: what reading
+        the table costs a worker grows with it (a mount of a few shards
+        publishes at once)."""
+        return PUBLISH_INTERVAL * len(self.shards.shards) / PUBLISH_SHARDS
 
     # ----------------------------------------------------------- sidecars
 

@@ -157,8 +157,6 @@ class OpenCache:
         self.capacity = max(1, capacity)
         self.in_use = in_use
         self.items: "collections.OrderedDict[int, Any]" = collections.OrderedDict()
-        #: Objects dropped to stay within `capacity` (a benchmark's count).
-        self.evictions = 0
 
     def get(self, number: int) -> Any:
         item = self.items.get(number)
@@ -183,7 +181,6 @@ class OpenCache:
                 self.items.move_to_end(number)
                 continue
             del self.items[number]
-            self.evictions += 1
             count -= 1
 
     def pop(self, number: int) -> Any:

@@ -159,6 +159,12 @@ class Shard:
         byte in the shard file and its size in bytes; None when absent."""
         return self._reader.locate(_key(key))
 
+    @property
+    def reader(self) -> "_shardfs.Reader":
+        """The C reader of this shard (`shardfs._shardfs.Reader`): what
+        `shardfs._shardfs.OpenShards` holds to probe it without Python."""
+        return self._reader
+
     def find(self, key: Key, nowait: bool = False) -> Optional[Tuple[int, int, int]]:
         """``(slot, data_offset, size)`` of a live key, None when absent.
 

@@ -69,11 +69,13 @@ static int get_key(PyObject *obj, uint8_t key[SFS_KEY_SIZE])
 typedef struct {
     PyObject_HEAD
     sfs_shard_t *shard;
+    Py_ssize_t users; /* OpenShards entries holding it */
+    int closed;       /* close() called; the shard stays open while users > 0 */
 } Reader;
 
 static int reader_ready(Reader *self)
 {
-    if (!self->shard) {
+    if (!self->shard || self->closed) {
         PyErr_SetString(PyExc_ValueError, "I/O operation on a closed shard");
         return 0;
     }
@@ -88,6 +90,11 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|p", kwlist, PyUnicode_FSConverter, &path_obj,
                                      &writable))
         return -1;
+    if (self->users) {
+        Py_DECREF(path_obj);
+        PyErr_SetString(PyExc_ValueError, "the shard is held by an OpenShards");
+        return -1;
+    }
     sfs_error_t err;
     int rc;
     sfs_shard_t *shard = NULL;
@@ -104,6 +111,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kwds)
     }
     sfs_close(self->shard);
     self->shard = shard;
+    self->closed = 0;
     return 0;
 }
 
@@ -115,8 +123,11 @@ static void Reader_dealloc(Reader *self)
 
 static PyObject *Reader_close(Reader *self, PyObject *unused)
 {
-    sfs_close(self->shard);
-    self->shard = NULL;
+    self->closed = 1;
+    if (!self->users) {
+        sfs_close(self->shard);
+        self->shard = NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -164,7 +175,7 @@ static PyObject *Reader_fileno(Reader *self, PyObject *unused)
 
 static PyObject *Reader_closed(Reader *self, void *closure)
 {
-    return PyBool_FromLong(self->shard == NULL);
+    return PyBool_FromLong(self->shard == NULL || self->closed);
 }
 
 /* OSError(EIO) for a call that hit SIGBUS: the file shrank under its
@@ -1756,87 +1767,539 @@ done:
 }
 
 
-/* gindex_candidates(levels, maps, key32) -> sorted list of distinct ints.
- * levels: a tuple of GlobalIndex; maps: a tuple of the same length whose
- * item i is a buffer of native int64 (e.g. array('q')), one per shard of
- * level i: the mount's shard number of that shard, or a negative value
- * when it is not served. The lookup of a mount's global index in one call:
- * its cost depends on the number of levels, not of shards. */
-static PyObject *gindex_candidates(PyObject *self, PyObject *args)
+/* Shard numbers that may hold a key, gathered from the global index levels
+ * and the per-shard filters: sorted, distinct, every one >= start and <
+ * below (below < 0: no bound). The first LOOKUP_STACK live in `stack`;
+ * more (many shards sharing a 40-bit prefix: a key stored in all of them)
+ * are kept in a PyMem buffer freed by candidates_free. */
+typedef struct {
+    int64_t stack[LOOKUP_STACK];
+    int64_t *v;
+    size_t n, cap;
+} candidates_t;
+
+static void candidates_init(candidates_t *c)
 {
-    PyObject *levels, *maps, *keyobj;
-    if (!PyArg_ParseTuple(args, "O!O!O:gindex_candidates", &PyTuple_Type, &levels, &PyTuple_Type, &maps,
-                          &keyobj))
-        return NULL;
+    c->v = c->stack;
+    c->n = 0;
+    c->cap = LOOKUP_STACK;
+}
+
+static void candidates_free(candidates_t *c)
+{
+    if (c->v != c->stack)
+        PyMem_Free(c->v);
+    c->v = c->stack;
+}
+
+/* Append `number` unless present. Returns -1 (MemoryError set) on failure. */
+static int candidates_add(candidates_t *c, int64_t number)
+{
+    for (size_t k = 0; k < c->n; k++)
+        if (c->v[k] == number)
+            return 0;
+    if (c->n == c->cap) {
+        size_t cap = c->cap * 2;
+        int64_t *v = c->v == c->stack ? PyMem_Malloc(cap * sizeof(int64_t))
+                                      : PyMem_Realloc(c->v, cap * sizeof(int64_t));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (c->v == c->stack)
+            memcpy(v, c->stack, sizeof(c->stack));
+        c->v = v;
+        c->cap = cap;
+    }
+    c->v[c->n++] = number;
+    return 0;
+}
+
+/* Candidates of `key` in levels (a tuple of GlobalIndex) through maps (a
+ * tuple of buffers of native int64: item i maps level i's shard index to a
+ * shard number, negative when not served), and in `filters` (a SidecarSet,
+ * or NULL / None). Returns 0, or -1 with an exception set (TypeError,
+ * ValueError for a closed level, OSError EIO when a mapping shrank). */
+static int collect_candidates(PyObject *levels, PyObject *maps, PyObject *filters,
+                              const uint8_t key[SFS_KEY_SIZE], int64_t start, int64_t below,
+                              candidates_t *c)
+{
     Py_ssize_t nlevels = PyTuple_GET_SIZE(levels);
     if (PyTuple_GET_SIZE(maps) != nlevels) {
-        PyErr_SetString(PyExc_ValueError, "gindex_candidates: levels and maps differ in length");
-        return NULL;
+        PyErr_SetString(PyExc_ValueError, "levels and maps differ in length");
+        return -1;
     }
-    uint8_t key[SFS_KEY_SIZE];
-    if (get_key(keyobj, key) < 0)
-        return NULL;
-    int64_t found[LOOKUP_STACK];
-    size_t nfound = 0;
     for (Py_ssize_t i = 0; i < nlevels; i++) {
         PyObject *lv = PyTuple_GET_ITEM(levels, i);
         if (!PyObject_TypeCheck(lv, &GlobalIndexType)) {
-            PyErr_SetString(PyExc_TypeError, "gindex_candidates: levels must be GlobalIndex objects");
-            return NULL;
+            PyErr_SetString(PyExc_TypeError, "levels must be GlobalIndex objects");
+            return -1;
         }
         GlobalIndex *g = (GlobalIndex *)lv;
         if (!gindex_ready(g))
-            return NULL;
+            return -1;
         Py_buffer view;
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, i), &view, PyBUF_SIMPLE) < 0)
-            return NULL;
+            return -1;
         const int64_t *map = (const int64_t *)view.buf;
         size_t nmap = (size_t)view.len / sizeof(int64_t);
-        uint32_t out[LOOKUP_STACK];
+        uint32_t stack[LOOKUP_STACK], *out = stack;
         size_t n = 0;
         int rc = SFS_OK;
-        SFS_GUARDED(rc = SFS_EGONE, n = sfs_gindex_lookup(g->g, key, out, LOOKUP_STACK));
-        if (rc != SFS_OK) {
-            PyBuffer_Release(&view);
-            return gone(sfs_gindex_path(g->g));
+        SFS_GUARDED(rc = SFS_EGONE, n = sfs_gindex_lookup(g->g, key, stack, LOOKUP_STACK));
+        if (rc == SFS_OK && n > LOOKUP_STACK) {
+            out = PyMem_Malloc(n * sizeof(uint32_t));
+            if (!out) {
+                PyBuffer_Release(&view);
+                PyErr_NoMemory();
+                return -1;
+            }
+            volatile size_t again = 0; /* set inside the guard */
+            SFS_GUARDED(rc = SFS_EGONE, again = sfs_gindex_lookup(g->g, key, out, n));
+            n = again < n ? again : n;
         }
-        if (n > LOOKUP_STACK)
-            n = LOOKUP_STACK; /* 64 shards sharing a 40-bit prefix: the rest are probed by none */
-        for (size_t j = 0; j < n; j++) {
+        int failed = 0;
+        if (rc != SFS_OK) {
+            gone(sfs_gindex_path(g->g));
+            failed = 1;
+        }
+        for (size_t j = 0; !failed && j < n; j++) {
             if (out[j] >= nmap)
                 continue;
             int64_t number = map[out[j]];
-            if (number < 0)
+            if (number < 0 || number < start || (below >= 0 && number >= below))
                 continue;
-            size_t k = 0;
-            while (k < nfound && found[k] != number)
-                k++;
-            if (k == nfound && nfound < LOOKUP_STACK)
-                found[nfound++] = number;
+            failed = candidates_add(c, number) < 0;
         }
+        if (out != stack)
+            PyMem_Free(out);
         PyBuffer_Release(&view);
+        if (failed)
+            return -1;
     }
-    /* insertion sort: nfound is almost always 0 or 1 */
-    for (size_t a = 1; a < nfound; a++) {
-        int64_t v = found[a];
+    if (filters && filters != Py_None) {
+        if (!PyObject_TypeCheck(filters, &SidecarSetType)) {
+            PyErr_SetString(PyExc_TypeError, "filters must be a SidecarSet or None");
+            return -1;
+        }
+        SidecarSet *set = (SidecarSet *)filters;
+        if (set->dirty && pack(set) < 0)
+            return -1;
+        size_t n = 0;
+        int rc = SFS_OK;
+        if (set->nactive) {
+            SFS_GUARDED(rc = SFS_EGONE, n = sfs_sidecar_candidates(set->packed, (size_t)set->nactive, key,
+                                                                   set->out, (size_t)set->nactive));
+        }
+        if (rc == SFS_EGONE) {
+            gone("sidecar");
+            return -1;
+        }
+        for (size_t j = 0; j < n; j++) {
+            int64_t number = set->index[set->out[j]];
+            if (number >= start && (below < 0 || number < below) && candidates_add(c, number) < 0)
+                return -1;
+        }
+    }
+    /* insertion sort: n is almost always 0 or 1 */
+    for (size_t a = 1; a < c->n; a++) {
+        int64_t v = c->v[a];
         size_t b = a;
-        while (b > 0 && found[b - 1] > v) {
-            found[b] = found[b - 1];
+        while (b > 0 && c->v[b - 1] > v) {
+            c->v[b] = c->v[b - 1];
             b--;
         }
-        found[b] = v;
+        c->v[b] = v;
     }
-    PyObject *list = PyList_New((Py_ssize_t)nfound);
-    for (size_t j = 0; list && j < nfound; j++) {
-        PyObject *v = PyLong_FromLongLong(found[j]);
-        if (!v) {
-            Py_CLEAR(list);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- OpenShards */
+
+/* The served shards a set holds open, by shard number: for each, its Reader
+ * and the caller's object for it (the mount's MountedShard), so that a key
+ * is found over thousands of shards in one call that touches no Python
+ * object but the few candidates' (find). Entries are a dense array indexed
+ * by number, grown on demand up to OPEN_SHARDS_MAX_NUMBER (a number beyond
+ * is never held: find reports it as not open). `used` marks the entries
+ * find probed since `touched` last asked (the caller's recency order: a
+ * second chance for the least recently used). For use under the GIL. */
+#define OPEN_SHARDS_MAX_NUMBER (1 << 24)
+
+typedef struct {
+    sfs_shard_t *shard; /* reader->shard, kept open while held (Reader.users) */
+    Reader *reader;     /* strong reference, or NULL */
+    PyObject *member;   /* strong reference, or NULL */
+} open_entry_t;
+
+typedef struct {
+    PyObject_HEAD
+    open_entry_t *entries;
+    unsigned char *used;
+    Py_ssize_t cap, count;
+    unsigned long long probes;
+    /* finds probing with the GIL released: entries let go meanwhile are
+     * parked in `parked` (a list of (reader, member)), released after */
+    Py_ssize_t busy;
+    PyObject *parked;
+} OpenShards;
+
+/* Let go of a Reader an entry held: its shard closes now if close() was
+ * called while held. */
+static void release_reader(Reader *r)
+{
+    if (--r->users == 0 && r->closed) {
+        sfs_close(r->shard);
+        r->shard = NULL;
+    }
+    Py_DECREF(r);
+}
+
+/* Empty entry e: released now, or parked while a find probes without the
+ * GIL (it may be reading that shard's mapping). */
+static void release_open_entry(OpenShards *self, open_entry_t *e)
+{
+    Reader *r = e->reader;
+    PyObject *member = e->member;
+    e->shard = NULL;
+    e->reader = NULL;
+    e->member = NULL;
+    if (!r)
+        return;
+    self->count--;
+    if (self->busy) {
+        if (!self->parked)
+            self->parked = PyList_New(0);
+        PyObject *pair = self->parked ? Py_BuildValue("(OO)", (PyObject *)r, member) : NULL;
+        if (pair && PyList_Append(self->parked, pair) == 0) {
+            Py_DECREF(pair);
+            r->users++; /* the parked pair holds it: released with the pair */
+            release_reader(r);
+            Py_DECREF(member);
+            return;
+        }
+        /* Out of memory: leak the reference rather than free a shard that
+         * may be read. */
+        Py_XDECREF(pair);
+        PyErr_Clear();
+        return;
+    }
+    release_reader(r);
+    Py_DECREF(member);
+}
+
+/* Release the parked entries once no find probes (their users counts). */
+static void release_parked(OpenShards *self)
+{
+    PyObject *parked = self->parked;
+    if (self->busy || !parked)
+        return;
+    self->parked = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(parked);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Reader *r = (Reader *)PyTuple_GET_ITEM(PyList_GET_ITEM(parked, i), 0);
+        Py_INCREF(r);
+        release_reader(r); /* drops the users count the pair stood for */
+    }
+    Py_DECREF(parked);
+}
+
+static void OpenShards_clear_entries(OpenShards *self)
+{
+    for (Py_ssize_t i = 0; i < self->cap; i++) {
+        release_open_entry(self, &self->entries[i]);
+        self->used[i] = 0;
+    }
+    self->count = 0;
+}
+
+static int OpenShards_traverse(OpenShards *self, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; i < self->cap; i++) {
+        Py_VISIT(self->entries[i].reader);
+        Py_VISIT(self->entries[i].member);
+    }
+    Py_VISIT(self->parked);
+    return 0;
+}
+
+static int OpenShards_tp_clear(OpenShards *self)
+{
+    OpenShards_clear_entries(self);
+    return 0;
+}
+
+static void OpenShards_dealloc(OpenShards *self)
+{
+    PyObject_GC_UnTrack(self);
+    OpenShards_clear_entries(self);
+    release_parked(self);
+    PyMem_Free(self->entries);
+    PyMem_Free(self->used);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int number_arg(PyObject *obj, long long *number)
+{
+    *number = PyLong_AsLongLong(obj);
+    if (*number == -1 && PyErr_Occurred())
+        return -1;
+    if (*number < 0) {
+        PyErr_SetString(PyExc_ValueError, "shard numbers are >= 0");
+        return -1;
+    }
+    return 0;
+}
+
+/* set(number, reader, member=None): hold `reader` (a Reader, or None to
+ * forget the entry) and `member` for shard `number`. A number past
+ * OPEN_SHARDS_MAX_NUMBER is not held (find reports it as not open). */
+static PyObject *OpenShards_set(OpenShards *self, PyObject *args)
+{
+    PyObject *num, *reader, *member = Py_None;
+    long long number;
+    if (!PyArg_ParseTuple(args, "OO|O:set", &num, &reader, &member) || number_arg(num, &number) < 0)
+        return NULL;
+    if (reader != Py_None && !PyObject_TypeCheck(reader, &ReaderType)) {
+        PyErr_SetString(PyExc_TypeError, "set: reader must be a Reader or None");
+        return NULL;
+    }
+    if (number >= OPEN_SHARDS_MAX_NUMBER) {
+        Py_RETURN_NONE;
+    }
+    if (reader != Py_None && number >= self->cap) {
+        Py_ssize_t cap = self->cap ? self->cap : 1024;
+        while (cap <= number)
+            cap *= 2;
+        open_entry_t *entries = PyMem_Realloc(self->entries, (size_t)cap * sizeof(open_entry_t));
+        if (!entries)
+            return PyErr_NoMemory();
+        self->entries = entries;
+        unsigned char *used = PyMem_Realloc(self->used, (size_t)cap);
+        if (!used)
+            return PyErr_NoMemory();
+        self->used = used;
+        memset(entries + self->cap, 0, (size_t)(cap - self->cap) * sizeof(open_entry_t));
+        memset(used + self->cap, 0, (size_t)(cap - self->cap));
+        self->cap = cap;
+    }
+    if (number >= self->cap)
+        Py_RETURN_NONE; /* forgetting an entry never held */
+    if (reader != Py_None && !reader_ready((Reader *)reader))
+        return NULL;
+    open_entry_t *e = &self->entries[number];
+    open_entry_t old = *e;
+    e->reader = NULL;
+    if (reader != Py_None) {
+        Reader *r = (Reader *)reader;
+        Py_INCREF(r);
+        Py_INCREF(member);
+        r->users++;
+        e->shard = r->shard;
+        e->reader = r;
+        e->member = member;
+        self->count++;
+    }
+    self->used[number] = 0;
+    release_open_entry(self, &old); /* last: a dealloc may run Python code */
+    Py_RETURN_NONE;
+}
+
+/* get(number) -> the Reader held for `number`, or None. */
+static PyObject *OpenShards_get(OpenShards *self, PyObject *arg)
+{
+    long long number;
+    if (number_arg(arg, &number) < 0)
+        return NULL;
+    PyObject *r = number < self->cap && self->entries[number].reader ? (PyObject *)self->entries[number].reader
+                                                                     : Py_None;
+    Py_INCREF(r);
+    return r;
+}
+
+/* touched(number) -> whether find probed shard `number` since the last
+ * call for it (the mark is cleared). */
+static PyObject *OpenShards_touched(OpenShards *self, PyObject *arg)
+{
+    long long number;
+    if (number_arg(arg, &number) < 0)
+        return NULL;
+    if (number >= self->cap || !self->used[number])
+        Py_RETURN_FALSE;
+    self->used[number] = 0;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *OpenShards_clear(OpenShards *self, PyObject *unused)
+{
+    OpenShards_clear_entries(self);
+    Py_RETURN_NONE;
+}
+
+/* find(key32, levels, maps, filters=None, start=0, below=-1, count=True)
+ *   -> (member, slot, data_offset, size) | None | int
+ * The first candidate shard (collect_candidates: numbers >= start and <
+ * below, in increasing order) holding the key: a tuple with the member set
+ * for its number; None when no candidate holds it; an int, the number of
+ * the first candidate that is not held here (open it, set() it and call
+ * again with start = that number; start = number + 1 to skip it). Each
+ * candidate held is probed (its slot read), adding 1 to `probes` when
+ * `count`. The GIL is released for the probes (they may wait for the
+ * device). Raises CorruptShardError for a corrupt slot, OSError (EIO) when
+ * a mapping shrank, ValueError for a closed Reader or level, TypeError for
+ * bad arguments. */
+static PyObject *OpenShards_find(OpenShards *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"key", "levels", "maps", "filters", "start", "below", "count", NULL};
+    PyObject *keyobj, *levels, *maps, *filters = Py_None;
+    long long start = 0, below = -1;
+    int count = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!|OLLp:find", kwlist, &keyobj, &PyTuple_Type, &levels,
+                                     &PyTuple_Type, &maps, &filters, &start, &below, &count))
+        return NULL;
+    uint8_t key[SFS_KEY_SIZE];
+    if (get_key(keyobj, key) < 0)
+        return NULL;
+    candidates_t c;
+    candidates_init(&c);
+    if (collect_candidates(levels, maps, filters, key, start, below, &c) < 0) {
+        candidates_free(&c);
+        return NULL;
+    }
+    /* The held candidates up to the first one not held. Their shards stay
+     * open while the GIL is released: an entry let go meanwhile is parked
+     * (busy). */
+    sfs_shard_t *held[LOOKUP_STACK];
+    int64_t numbers[LOOKUP_STACK];
+    size_t nheld = 0;
+    int64_t missing = -1;
+    for (size_t j = 0; j < c.n; j++) {
+        int64_t number = c.v[j];
+        open_entry_t *e = number < self->cap ? &self->entries[number] : NULL;
+        if (!e || !e->reader || nheld == LOOKUP_STACK) {
+            missing = number; /* also past LOOKUP_STACK probes: the caller resumes there */
             break;
         }
-        PyList_SET_ITEM(list, (Py_ssize_t)j, v);
+        /* Start loading what the probe reads first, and the member (the
+         * answer if this shard holds the key), so that their cache misses
+         * overlap instead of following one another. */
+        sfs_prefetch_reader(e->shard);
+        __builtin_prefetch(e->member, 1, 3);
+        numbers[nheld] = number;
+        held[nheld++] = e->shard;
     }
-    return list;
+    candidates_free(&c);
+    int rc = SFS_ENOTFOUND;
+    size_t hit = nheld;
+    uint32_t slot = 0;
+    uint64_t off = 0, size = 0;
+    if (nheld) {
+        self->busy++;
+        Py_BEGIN_ALLOW_THREADS
+        for (size_t j = 0; j < nheld; j++) {
+            SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(held[j], key, &slot, &off, &size));
+            if (rc != SFS_ENOTFOUND) {
+                hit = j;
+                break;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        self->busy--;
+    }
+    size_t probed = hit < nheld ? hit + 1 : nheld;
+    if (count)
+        self->probes += probed;
+    for (size_t j = 0; j < probed; j++)
+        self->used[numbers[j]] = 1;
+    PyObject *result = NULL;
+    if (hit < nheld) {
+        open_entry_t *e = numbers[hit] < self->cap ? &self->entries[numbers[hit]] : NULL;
+        if (rc == SFS_OK) {
+            /* set() may have replaced the entry while the GIL was released:
+             * the answer is only given for the shard still held (else the
+             * caller asks again). */
+            if (e && e->shard == held[hit])
+                result = Py_BuildValue("(OkKK)", e->member, (unsigned long)slot, (unsigned long long)off,
+                                       (unsigned long long)size);
+            else
+                result = PyLong_FromLongLong(numbers[hit]);
+        } else if (rc == SFS_EGONE) {
+            gone(sfs_path(held[hit]));
+        } else {
+            PyErr_Format(CorruptShardError,
+                         "%s: the slot of a key points outside the objects section (run shardfs check)",
+                         sfs_path(held[hit]));
+        }
+    } else if (missing >= 0) {
+        result = PyLong_FromLongLong(missing);
+    } else {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    release_parked(self);
+    return result;
 }
+static PyObject *OpenShards_get_probes(OpenShards *self, void *closure)
+{
+    return PyLong_FromUnsignedLongLong(self->probes);
+}
+
+static int OpenShards_set_probes(OpenShards *self, PyObject *value, void *closure)
+{
+    unsigned long long v = value ? PyLong_AsUnsignedLongLong(value) : (unsigned long long)-1;
+    if (v == (unsigned long long)-1 && (!value || PyErr_Occurred())) {
+        if (!value)
+            PyErr_SetString(PyExc_TypeError, "probes cannot be deleted");
+        return -1;
+    }
+    self->probes = v;
+    return 0;
+}
+
+static Py_ssize_t OpenShards_len(OpenShards *self)
+{
+    return self->count;
+}
+
+static PyMethodDef OpenShards_methods[] = {
+    {"set", (PyCFunction)OpenShards_set, METH_VARARGS,
+     "set(number, reader, member=None): hold a Reader (None: forget) and its member for shard number"},
+    {"get", (PyCFunction)OpenShards_get, METH_O, "get(number) -> the Reader held, or None"},
+    {"touched", (PyCFunction)OpenShards_touched, METH_O,
+     "touched(number) -> whether find probed it since the last call (the mark is cleared)"},
+    {"clear", (PyCFunction)OpenShards_clear, METH_NOARGS, "forget every entry"},
+    {"find", (PyCFunction)(void (*)(void))OpenShards_find, METH_VARARGS | METH_KEYWORDS,
+     "find(key32, levels, maps, filters=None, start=0, below=-1, count=True) -> (member, slot, "
+     "data_offset, size), None (no candidate holds it) or an int (the first candidate not held: "
+     "set() it and call again with start=that number)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef OpenShards_getset[] = {
+    {"probes", (getter)OpenShards_get_probes, (setter)OpenShards_set_probes,
+     "index slots read by find (count=True calls)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods OpenShards_as_sequence = {
+    .sq_length = (lenfunc)OpenShards_len,
+};
+
+static PyTypeObject OpenShardsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shardfs._shardfs.OpenShards",
+    .tp_basicsize = sizeof(OpenShards),
+    .tp_dealloc = (destructor)OpenShards_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)OpenShards_traverse,
+    .tp_clear = (inquiry)OpenShards_tp_clear,
+    .tp_doc = "OpenShards(): the open shards of a set by shard number (Reader and member), "
+              "and find() over them in one call",
+    .tp_methods = OpenShards_methods,
+    .tp_getset = OpenShards_getset,
+    .tp_as_sequence = &OpenShards_as_sequence,
+    .tp_new = PyType_GenericNew,
+};
 
 static PyMethodDef module_functions[] = {
     {"build_sidecar", (PyCFunction)(void (*)(void))build_sidecar, METH_VARARGS | METH_KEYWORDS,
@@ -1853,10 +2316,6 @@ static PyMethodDef module_functions[] = {
      "runs[i]; prefixes is a bytes-like buffer of little-endian u64 values < 2^40, sorted "
      "ascending (key_prefixes(shard) gives one). ValueError for an unsorted run or a value "
      ">= 2^40; OSError when the file cannot be written."},
-    {"gindex_candidates", (PyCFunction)gindex_candidates, METH_VARARGS,
-     "gindex_candidates(levels, maps, key32) -> sorted distinct shard numbers: levels a tuple "
-     "of GlobalIndex, maps a tuple of int64 buffers (shard position -> number, negative: not "
-     "served)."},
     {"merge_global_index", (PyCFunction)(void (*)(void))merge_global_index,
      METH_VARARGS | METH_KEYWORDS,
      "merge_global_index(path, levels, keep=None): merge open GlobalIndex levels into a new "
@@ -1888,7 +2347,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         return PyErr_SetFromErrno(PyExc_OSError);
     if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&WriterType) < 0 ||
         PyType_Ready(&SidecarType) < 0 || PyType_Ready(&SidecarSetType) < 0 ||
-        PyType_Ready(&GlobalIndexType) < 0)
+        PyType_Ready(&GlobalIndexType) < 0 || PyType_Ready(&OpenShardsType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
@@ -1898,11 +2357,13 @@ PyMODINIT_FUNC PyInit__shardfs(void)
     Py_INCREF(&SidecarType);
     Py_INCREF(&SidecarSetType);
     Py_INCREF(&GlobalIndexType);
+    Py_INCREF(&OpenShardsType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
         PyModule_AddObject(m, "Writer", (PyObject *)&WriterType) < 0 ||
         PyModule_AddObject(m, "Sidecar", (PyObject *)&SidecarType) < 0 ||
         PyModule_AddObject(m, "SidecarSet", (PyObject *)&SidecarSetType) < 0 ||
         PyModule_AddObject(m, "GlobalIndex", (PyObject *)&GlobalIndexType) < 0 ||
+        PyModule_AddObject(m, "OpenShards", (PyObject *)&OpenShardsType) < 0 ||
         PyModule_AddIntConstant(m, "GINDEX_PREFIX_BITS", SFS_GINDEX_PREFIX_BITS) < 0 ||
         PyModule_AddIntConstant(m, "KEY_SIZE", SFS_KEY_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SIZE", SFS_SLOT_SIZE) < 0) {

@@ -334,6 +334,14 @@ int sfs_lookup_slot(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint3
     return resolve(s, offset, data_offset, size);
 }
 
+void sfs_prefetch_reader(const sfs_shard_t *s)
+{
+    if (!s)
+        return;
+    for (size_t at = 0; at < sizeof(*s); at += 64)
+        __builtin_prefetch((const char *)s + at, 0, 3);
+}
+
 int sfs_lookup(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint64_t *data_offset,
                uint64_t *size)
 {

@@ -123,6 +123,13 @@ int sfs_lookup(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE],
 int sfs_lookup_slot(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
                     uint64_t *data_offset, uint64_t *size);
 
+/* Start loading into the CPU cache the reader's own fields that a lookup
+ * reads first (its header fields and perfect-hash parameters): a hint for a
+ * caller about to look a key up in one of thousands of shards, so that
+ * these misses overlap its other work. Reads nothing else and never fails;
+ * NULL is accepted. */
+void sfs_prefetch_reader(const sfs_shard_t *shard);
+
 /* sfs_lookup that never waits for the device: the slot and the size field
  * are read with preadv2(RWF_NOWAIT), which copies from the page cache or
  * fails at once. Also gives the slot. SFS_EAGAIN when a byte is not cached

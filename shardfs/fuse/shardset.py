@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from shardfs import Shard
 from shardfs import sidecar as sidecar_mod
-from shardfs._shardfs import SidecarSet, gindex_candidates
+from shardfs._shardfs import OpenShards, SidecarSet
 from shardfs.errors import ShardError
 
 log = logging.getLogger("shardfs.fuse")
@@ -150,12 +150,20 @@ class OpenCache:
     goes (at once, unless a caller still holds it, as a listing holding a
     shard it scans), so a caller never finds it closed under it. An entry
     for which `in_use(number)` is True (files open on its shard) is kept
-    past the capacity.
+    past the capacity. `touched(number)`, when given, tells whether an
+    entry was used without `get` since it last asked (`OpenShards.find`
+    probes shards without Python): such an entry gets a second chance (it
+    moves to the most recent end). `dropped(number)` is called for each
+    entry dropped to make room.
     """
 
-    def __init__(self, capacity: int, in_use: Callable[[int], bool]) -> None:
+    def __init__(self, capacity: int, in_use: Callable[[int], bool],
+                 touched: Optional[Callable[[int], bool]] = None,
+                 dropped: Optional[Callable[[int], None]] = None) -> None:
         self.capacity = max(1, capacity)
         self.in_use = in_use
+        self.touched = touched
+        self.dropped = dropped
         self.items: "collections.OrderedDict[int, Any]" = collections.OrderedDict()
 
     def get(self, number: int) -> Any:
@@ -172,15 +180,24 @@ class OpenCache:
             self._drop(excess)
 
     def _drop(self, count: int) -> None:
-        # Look at the oldest count + 16 only: entries in use are moved to
-        # the end, so each call costs O(count) however many are in use.
-        for number in list(itertools.islice(self.items, count + 16)):
-            if count == 0:
-                break
-            if self.in_use(number):
-                self.items.move_to_end(number)
+        # Entries in use are moved to the end and at most count + 16 of
+        # them are passed over, so each call costs O(count) however many
+        # are in use; touched entries are moved too, each at the price of
+        # the use that marked it (the mark is cleared).
+        skipped = 0
+        items = self.items
+        while count > 0 and items and skipped <= count + 16:
+            number = next(iter(items))
+            if self.touched is not None and self.touched(number):
+                items.move_to_end(number)
                 continue
-            del self.items[number]
+            if self.in_use(number):
+                items.move_to_end(number)
+                skipped += 1
+                continue
+            del items[number]
+            if self.dropped is not None:
+                self.dropped(number)
             count -= 1
 
     def pop(self, number: int) -> Any:
@@ -249,9 +266,6 @@ class ShardSet:
         #: Paths that failed to open, with the (size, mtime) seen, so that a
         #: rescan retries them only once they changed.
         self._rejected: Dict[str, Tuple[int, int]] = {}
-        #: Index reads made by `find` (probes of a shard's index), for
-        #: benchmarks: absent keys should cost almost none.
-        self.probes = 0
         #: Lookups made by `find`.
         self.lookups = 0
         #: Shards opened again after the cache had closed them.
@@ -270,7 +284,13 @@ class ShardSet:
         #: sidecar are then kept past the bound); set by the mount.
         self.in_use: Callable[[int], bool] = lambda number: False
         self.max_open = max_open or default_max_open()
-        self.open_shards = OpenCache(self.max_open, lambda n: self.in_use(n))
+        #: The served shards open in this process, probed by `find` in one
+        #: C call (`shardfs._shardfs.OpenShards`); `open_shards` keeps
+        #: their recency order and bound.
+        self.open_table = OpenShards()
+        self.open_shards = OpenCache(self.max_open, lambda n: self.in_use(n),
+                                     touched=self.open_table.touched,
+                                     dropped=lambda n: self.open_table.set(n, None))
         self.open_sidecars = OpenCache(self.max_open, lambda n: False)
         #: The global index (`shardfs.gindex.IndexSet`) of the shards, when
         #: the mount keeps one: an indexed shard is found through it, the
@@ -282,6 +302,16 @@ class ShardSet:
         self._served: Tuple[int, List[MountedShard]] = (-1, [])
 
     # ------------------------------------------------------------ members
+
+    @property
+    def probes(self) -> int:
+        """Index reads made by `find` (probes of a shard's index), for
+        benchmarks: absent keys should cost almost none. Settable (to 0)."""
+        return self.open_table.probes
+
+    @probes.setter
+    def probes(self, value: int) -> None:
+        self.open_table.probes = value
 
     def served(self) -> List[MountedShard]:
         """Served shards (not removed), by number (= priority). The list is
@@ -319,8 +349,15 @@ class ShardSet:
         shard.path = member.path
         self.reopens += 1
         member.error = None
-        self.open_shards.put(member.number, shard)
+        self._keep_open(member, shard)
         return shard
+
+    def _keep_open(self, member: MountedShard, shard: Shard) -> None:
+        """Cache `member`'s open `shard` (bounded) and let `find` probe it
+        while `member` is served."""
+        if not member.removed:
+            self.open_table.set(member.number, shard.reader, member)
+        self.open_shards.put(member.number, shard)
 
     def sidecar_of(self, member: MountedShard) -> object:
         """`member`'s sidecar: its filter's, the cached one, or loaded now
@@ -412,7 +449,7 @@ class ShardSet:
                 number += 1
         member = self._insert(MountedShard(number, path, file_ident(st), shard.header.objects_count,
                                            shard.slot_count, shard.extent, shard.mtime, identity=identity))
-        self.open_shards.put(number, shard)
+        self._keep_open(member, shard)
         if sidecar is not None:
             self.set_sidecar(member, sidecar, sidecar_dir or self.cache_dir)
         elif not member.indexed:
@@ -449,6 +486,7 @@ class ShardSet:
             return
         member.removed = True
         self.version += 1
+        self.open_table.set(member.number, None)
         self.filters.remove(member.number)
         if self.index is not None:
             self.index.detach(member.number)
@@ -459,6 +497,7 @@ class ShardSet:
     def discard(self, member: MountedShard) -> None:
         """Close `member` and forget it (its number is never given again)."""
         self.remove(member)
+        self.open_table.set(member.number, None)
         self.open_shards.pop(member.number)
         self.open_sidecars.pop(member.number)
         member.held = member.filter = None
@@ -475,6 +514,7 @@ class ShardSet:
                 if item is not None:
                     item.close()
             member.held = member.filter = None
+        self.open_table.clear()
         self.open_shards.clear()
         self.open_sidecars.clear()
         self.shards.clear()
@@ -553,40 +593,42 @@ class ShardSet:
         """The first served shard holding `key`, as (shard, slot,
         data_offset, size), or None.
 
-        Only the shards whose filter may hold the key are probed, in number
-        order; `below` limits the search to numbers under it (to decide
-        whether an entry is a duplicate). It may wait for the device (the
-        C core releases the GIL meanwhile). A shard that cannot be opened
-        (replaced or damaged since it was mounted) is logged once and
-        skipped. Raises CorruptShardError when a probed slot is corrupt.
-        `count`: add the call to `lookups` and `probes` (False for the
-        duplicate checks of a listing, which are not lookups).
+        Only the shards that may hold the key are probed (the global
+        index's candidates, and those of the filters of shards it does not
+        hold yet), in number order; `below` limits the search to numbers
+        under it (to decide whether an entry is a duplicate). The shards
+        open in this process are probed in one C call
+        (`OpenShards.find`); a candidate that is not open is opened here
+        (bounded by `max_open`) and the call resumes from it. It may wait
+        for the device (the C core releases the GIL meanwhile). A shard
+        that cannot be opened (replaced or damaged since it was mounted) is
+        logged once and skipped. Raises CorruptShardError when a probed
+        slot is corrupt. `count`: add the call to `lookups` and `probes`
+        (False for the duplicate checks of a listing, which are not
+        lookups).
         """
-        probes = 0
-        answer = None
         if self._filtered[0] != self.version:
             self._filtered = (self.version, len(self.filters))
-        numbers = self.filters.candidates(key) if self._filtered[1] else []
-        if self.index is not None:
-            levels, maps = self.index.lookup_args
-            if levels:
-                more = gindex_candidates(levels, maps, key)
-                if more:
-                    numbers = sorted(set(numbers).union(more)) if numbers else more
-        for number in numbers:
-            if below is not None and number >= below:
+        filters = self.filters if self._filtered[1] else None
+        levels, maps = self.index.lookup_args if self.index is not None else ((), ())
+        limit = -1 if below is None else below
+        start = 0
+        while True:
+            answer = self.open_table.find(key, levels, maps, filters, start, limit, count)
+            if type(answer) is not int:
                 break
-            member = self.shards.get(number)
+            # Candidate `answer` is not open here: open it and probe it.
+            start = answer + 1
+            member = self.shards.get(answer)
             if member is None or member.removed:
                 continue
-            shard = member.held or self.open_shards.get(number)
-            if shard is None:
-                try:
-                    shard = self.open_shard(member)
-                except (OSError, ShardError) as exc:
-                    self._open_failed(member, exc)
-                    continue
-            probes += 1
+            try:
+                shard = self.open_shard(member)
+            except (OSError, ShardError) as exc:
+                self._open_failed(member, exc)
+                continue
+            if count:
+                self.open_table.probes += 1
             found = shard.find(key)
             if found is not None:
                 answer = (member, found[0], found[1], found[2])
@@ -595,7 +637,6 @@ class ShardSet:
         # lookup.
         if count:
             self.lookups += 1
-            self.probes += probes
         return answer
 
     # --------------------------------------------------------- directory

@@ -94,8 +94,12 @@ def test_level_over_50_shards(fifty, tmp_path):
         # 64 entries per bucket at most, on average
         assert 2 ** g.bucket_bits >= g.count / 64 and (g.bucket_bits == 0 or
                                                       2 ** (g.bucket_bits - 1) < g.count / 64)
+        # An entry keeps the 64 - b bits its bucket does not give, in whole
+        # bytes; 8 bytes of padding end the file.
+        width = (64 - g.bucket_bits + 7) // 8
         assert os.path.getsize(path) == (64 + 32 * 50 + 8 * (2 ** g.bucket_bits + 1)
-                                         + 8 * g.count)
+                                         + width * g.count + 8)
+        assert g.bucket_bits >= 8 and width == 7
         others = 0
         for i in range(50):
             for k in keys[i]:

@@ -152,6 +152,21 @@ def test_index_is_reused_from_disk_and_a_bad_manifest_is_rebuilt(many, tmp_path)
     index_pending(third)
     check_all_found(third, expected)
     third.close()
+    # A level written by an older shardfs (format version 1): refused at
+    # open, the shards found through their filters and indexed again.
+    for name in third.index.names():
+        with open(Path(third.index.directory) / name, "r+b") as f:
+            f.seek(8)
+            f.write((1).to_bytes(4, "little"))
+    fourth = index_set(cache)
+    assert fourth.index.names() == []
+    for p in sorted(expected):
+        fourth.add(p)
+    check_all_found(fourth, expected)
+    index_pending(fourth)
+    assert fourth.index.names() and all(m.indexed for m in fourth.served())
+    check_all_found(fourth, expected)
+    fourth.close()
 
 
 _MERGER = """

@@ -39,10 +39,11 @@
 
 struct sfs_gindex {
     /* hot: read by every lookup */
-    const uint64_t *dir;     /* 2^b + 1 entries, little-endian */
-    const uint64_t *entries; /* n entries, little-endian */
+    const uint64_t *dir;     /* 2^b + 1 values, little-endian */
+    const uint8_t *entries;  /* n entries of w bytes, little-endian */
     uint64_t n, s;
-    unsigned b;
+    unsigned b, w;
+    uint64_t low_mask;       /* the bits an entry keeps: all but the top b */
     /* cold */
     const uint8_t *table;    /* s x 32 bytes */
     void *map;
@@ -71,10 +72,35 @@ unsigned sfs_gindex_bits_for(uint64_t n)
     return b;
 }
 
+unsigned sfs_gindex_entry_size(unsigned b)
+{
+    return (64 - b + 7) / 8;
+}
+
 uint64_t sfs_gindex_file_size(uint64_t s, unsigned b, uint64_t n)
 {
     return SFS_GINDEX_HEADER_SIZE + SFS_GINDEX_IDENTITY_SIZE * s +
-           8 * ((UINT64_C(1) << b) + 1) + 8 * n;
+           8 * ((UINT64_C(1) << b) + 1) + sfs_gindex_entry_size(b) * n + SFS_GINDEX_PAD;
+}
+
+/* The low 64 - b bits of an entry's value (prefix << 24 | shard index):
+ * what the file keeps; the top b bits are the entry's bucket. */
+static inline uint64_t low_mask_for(unsigned b)
+{
+    return b ? UINT64_MAX >> b : UINT64_MAX;
+}
+
+/* The whole value of an entry of `bucket` whose kept bits are `low`. */
+static inline uint64_t entry_value(uint64_t bucket, uint64_t low, unsigned b)
+{
+    return b ? bucket << (64 - b) | low : low;
+}
+
+/* The kept bits of the entry at p: 8 bytes loaded (the file's padding
+ * makes that safe at the last entry), masked. */
+static inline uint64_t load_entry(const uint8_t *p, uint64_t low_mask)
+{
+    return get_le64(p) & low_mask;
 }
 
 /* ---------------------------------------------------------------- sorting */
@@ -223,12 +249,13 @@ static int bufw_flush(bufw_t *w)
     return 0;
 }
 
-static inline int bufw_put64(bufw_t *w, uint64_t v)
+/* The low `bytes` (1..8) bytes of v, little-endian. */
+static inline int bufw_put(bufw_t *w, uint64_t v, unsigned bytes)
 {
     if (w->len + 8 > WRITE_BUFFER && bufw_flush(w) < 0)
         return -1;
     put_le64(w->buf + w->len, v);
-    w->len += 8;
+    w->len += bytes;
     return 0;
 }
 
@@ -238,7 +265,7 @@ typedef struct {
     int counting;
     uint64_t n;        /* entries emitted so far */
     uint64_t expect;   /* entries of the file (writing) */
-    unsigned b;
+    unsigned b, w;     /* bucket_bits, bytes per entry */
     uint64_t next_dir; /* next directory value to write */
     bufw_t dir, ent;
 } sink_t;
@@ -255,25 +282,28 @@ static inline int sink_emit(sink_t *k, uint64_t prefix, uint32_t shard)
         return -2;
     uint64_t bucket = prefix >> (SFS_GINDEX_PREFIX_BITS - k->b);
     while (k->next_dir <= bucket) {
-        if (bufw_put64(&k->dir, k->n) < 0)
+        if (bufw_put(&k->dir, k->n, 8) < 0)
             return -1;
         k->next_dir++;
     }
-    if (bufw_put64(&k->ent, prefix << SFS_GINDEX_SHARD_BITS | shard) < 0)
+    if (bufw_put(&k->ent, (prefix << SFS_GINDEX_SHARD_BITS | shard) & low_mask_for(k->b), k->w) < 0)
         return -1;
     k->n++;
     return 0;
 }
 
-/* The directory's remaining values (n), then both buffers flushed. */
+/* The directory's remaining values (n), the padding after the entries,
+ * then both buffers flushed. */
 static int sink_finish(sink_t *k)
 {
     uint64_t buckets = UINT64_C(1) << k->b;
     while (k->next_dir <= buckets) {
-        if (bufw_put64(&k->dir, k->n) < 0)
+        if (bufw_put(&k->dir, k->n, 8) < 0)
             return -1;
         k->next_dir++;
     }
+    if (bufw_put(&k->ent, 0, SFS_GINDEX_PAD) < 0)
+        return -1;
     return bufw_flush(&k->dir) < 0 || bufw_flush(&k->ent) < 0 ? -1 : 0;
 }
 
@@ -388,6 +418,7 @@ static int write_level(const char *path, const uint8_t *ids, uint64_t s, uint64_
     int fd = -1, rc;
     char *tmp_path = NULL;
     sink_t sink = {.expect = n, .b = sfs_gindex_bits_for(n)};
+    sink.w = sfs_gindex_entry_size(sink.b);
     sink.dir.buf = malloc(WRITE_BUFFER);
     sink.ent.buf = malloc(WRITE_BUFFER);
     if (!sink.dir.buf || !sink.ent.buf) {
@@ -512,15 +543,60 @@ int sfs_gindex_write(const char *path, const uint64_t *const *runs, const uint64
 
 /* ---------------------------------------------------------------- merge */
 
-/* One level read with pread, its shards remapped (UINT32_MAX: dropped). */
+/* One level read with pread, its shards remapped (UINT32_MAX: dropped).
+ * An entry keeps the low 64 - b bits of its value; the top b bits are its
+ * bucket, found by reading the directory alongside. */
 typedef struct {
     const sfs_gindex_t *g;
     const uint32_t *remap; /* [s] */
     uint64_t pos;          /* entries consumed */
     uint64_t last;         /* the last entry read (pos > 0) */
-    uint64_t *buf;         /* LEVEL_CHUNK entries, host order */
+    uint64_t *buf;         /* LEVEL_CHUNK entries' kept bits, host order */
+    uint8_t *raw;          /* LEVEL_CHUNK * 8 bytes: entries as read */
     size_t len, at;
+    uint64_t *dbuf;        /* LEVEL_CHUNK directory values, host order */
+    size_t dlen, dat;
+    uint64_t dnext;        /* index of the next directory value to read */
+    uint64_t bucket;       /* the bucket of entry pos (UINT64_MAX: before bucket 0) */
+    uint64_t bucket_end;   /* dir[bucket + 1]: its first entry past it */
 } level_reader;
+
+/* Back to the level's first entry (the counting pass done). dir[0] is
+ * taken as 0: bucket 0 starts at the first entry. */
+static void level_reader_rewind(level_reader *r)
+{
+    r->pos = r->last = 0;
+    r->len = r->at = r->dlen = r->dat = 0;
+    r->dnext = 1;
+    r->bucket = UINT64_MAX;
+    r->bucket_end = 0;
+}
+
+/* The next directory value into *v: SFS_OK, or a negative status. */
+static int next_dir_value(level_reader *r, uint64_t *v, sfs_error_t *err)
+{
+    const sfs_gindex_t *g = r->g;
+    uint64_t values = (UINT64_C(1) << g->b) + 1;
+    if (r->dat == r->dlen) {
+        if (r->dnext >= values)
+            return sfs_fail(err, SFS_ECORRUPT, 0, "%s: corrupt global index: its directory ends "
+                            "before entry %llu", g->path, (unsigned long long)r->pos);
+        uint64_t left = values - r->dnext;
+        size_t c = left < LEVEL_CHUNK ? (size_t)left : LEVEL_CHUNK;
+        uint64_t at = SFS_GINDEX_HEADER_SIZE + SFS_GINDEX_IDENTITY_SIZE * g->s + 8 * r->dnext;
+        if (sfs_pread_full(g->fd, r->dbuf, c * 8, at) < 0)
+            return sfs_fail(err, SFS_EIO, errno, "%s: reading the directory at byte %llu: %s",
+                            g->path, (unsigned long long)at,
+                            errno == EIO ? "short read (the file shrank?)" : strerror(errno));
+        for (size_t i = 0; i < c; i++)
+            r->dbuf[i] = le64toh(r->dbuf[i]);
+        r->dlen = c;
+        r->dat = 0;
+        r->dnext += c;
+    }
+    *v = r->dbuf[r->dat++];
+    return SFS_OK;
+}
 
 typedef struct {
     level_reader *levels;
@@ -539,17 +615,26 @@ static int next_in_level(void *ctx, size_t src, uint64_t *prefix, uint32_t *shar
             if (left == 0)
                 return 0;
             size_t c = left < LEVEL_CHUNK ? (size_t)left : LEVEL_CHUNK;
-            uint64_t at = sfs_gindex_file_size(g->s, g->b, r->pos);
-            if (sfs_pread_full(g->fd, r->buf, c * 8, at) < 0)
+            uint64_t at = sfs_gindex_file_size(g->s, g->b, r->pos) - SFS_GINDEX_PAD;
+            /* the padding after the last entry is read too: 8 bytes per load */
+            if (sfs_pread_full(g->fd, r->raw, c * g->w + SFS_GINDEX_PAD, at) < 0)
                 return sfs_fail(err, SFS_EIO, errno, "%s: reading entries at byte %llu: %s",
                                 g->path, (unsigned long long)at,
                                 errno == EIO ? "short read (the file shrank?)" : strerror(errno));
             for (size_t i = 0; i < c; i++)
-                r->buf[i] = le64toh(r->buf[i]);
+                r->buf[i] = load_entry(r->raw + i * g->w, g->low_mask);
             r->len = c;
             r->at = 0;
         }
-        uint64_t e = r->buf[r->at++];
+        while (r->bucket_end <= r->pos) { /* the bucket of entry pos */
+            uint64_t v = 0;
+            int rc = next_dir_value(r, &v, err);
+            if (rc != SFS_OK)
+                return rc;
+            r->bucket++;
+            r->bucket_end = v;
+        }
+        uint64_t e = entry_value(r->bucket, r->buf[r->at++], g->b);
         if (r->pos && e <= r->last)
             return sfs_fail(err, SFS_ECORRUPT, 0, "%s: corrupt global index: entry %llu is not "
                             "greater than the one before", g->path, (unsigned long long)r->pos);
@@ -663,22 +748,28 @@ int sfs_gindex_merge(const char *path, sfs_gindex_t *const *levels, size_t nleve
         readers[i].g = levels[i];
         readers[i].remap = remap + first[i];
         readers[i].buf = malloc(LEVEL_CHUNK * sizeof(uint64_t));
-        if (!readers[i].buf)
+        readers[i].raw = malloc(LEVEL_CHUNK * 8 + SFS_GINDEX_PAD);
+        readers[i].dbuf = malloc(LEVEL_CHUNK * sizeof(uint64_t));
+        if (!readers[i].buf || !readers[i].raw || !readers[i].dbuf)
             goto nomem;
+        level_reader_rewind(&readers[i]);
     }
     sink_t counter = {.counting = 1};
     if ((rc = merge_into(&mg, &counter, path, err)) != SFS_OK)
         goto done;
     for (size_t i = 0; i < nlevels; i++)
-        readers[i].pos = readers[i].len = readers[i].at = 0;
+        level_reader_rewind(&readers[i]);
     rc = write_level(path, table, s, counter.n, &mg, err);
     goto done;
 nomem:
     rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory merging global index levels", path);
 done:
     if (readers)
-        for (size_t i = 0; i < nlevels; i++)
+        for (size_t i = 0; i < nlevels; i++) {
             free(readers[i].buf);
+            free(readers[i].raw);
+            free(readers[i].dbuf);
+        }
     free(readers);
     free(ids);
     free(table);
@@ -730,8 +821,8 @@ int sfs_gindex_open(const char *path, sfs_gindex_t **out, sfs_error_t *err)
     uint32_t version = get_le32(h + 8), b = get_le32(h + 12);
     uint64_t n = get_le64(h + 16), s = get_le64(h + 24);
     if (version != SFS_GINDEX_VERSION) {
-        rc = CORRUPT("%s: global index version is %u, only version 1 is supported", path,
-                     version);
+        rc = CORRUPT("%s: global index version is %u, only version %d is supported", path,
+                     version, SFS_GINDEX_VERSION);
         goto fail;
     }
     if (b > SFS_GINDEX_MAX_BITS) {
@@ -744,8 +835,9 @@ int sfs_gindex_open(const char *path, sfs_gindex_t **out, sfs_error_t *err)
         goto fail;
     }
     uint64_t fixed = sfs_gindex_file_size(s, b, 0); /* no overflow: s, b bounded */
-    if (size < fixed || (size - fixed) / 8 != n || (size - fixed) % 8) {
-        unsigned long long want = n <= (UINT64_MAX - fixed) / 8 ? fixed + 8 * n : 0;
+    unsigned w = sfs_gindex_entry_size(b);
+    if (size < fixed || (size - fixed) / w != n || (size - fixed) % w) {
+        unsigned long long want = n <= (UINT64_MAX - fixed) / w ? fixed + w * n : 0;
         rc = CORRUPT("%s: global index is %llu bytes, its header (shard_count %llu, bucket_bits "
                      "%u, count %llu) needs exactly %llu%s", path, (unsigned long long)size,
                      (unsigned long long)s, b, (unsigned long long)n, want,
@@ -773,9 +865,11 @@ int sfs_gindex_open(const char *path, sfs_gindex_t **out, sfs_error_t *err)
     g->n = n;
     g->s = s;
     g->b = b;
+    g->w = w;
+    g->low_mask = low_mask_for(b);
     g->table = (const uint8_t *)m + SFS_GINDEX_HEADER_SIZE;
     g->dir = (const uint64_t *)(g->table + SFS_GINDEX_IDENTITY_SIZE * s);
-    g->entries = g->dir + (UINT64_C(1) << b) + 1;
+    g->entries = (const uint8_t *)(g->dir + (UINT64_C(1) << b) + 1);
     *out = g;
     return SFS_OK;
 fail:
@@ -817,22 +911,26 @@ size_t sfs_gindex_lookup(const sfs_gindex_t *g, const uint8_t key[SFS_KEY_SIZE],
     lo = lo < n ? lo : n;
     hi = hi < n ? hi : n;
     hi = hi > lo ? hi : lo;
-    const uint64_t *e = g->entries;
-    /* first entry >= (prefix, shard 0): a branch-free binary search */
-    const uint64_t target = prefix << SFS_GINDEX_SHARD_BITS;
+    const uint8_t *e = g->entries;
+    const unsigned w = g->w;
+    const uint64_t mask = g->low_mask;
+    /* First entry >= (prefix, shard 0): a branch-free binary search. The
+     * bucket's entries share their top b bits (the bucket): the kept bits
+     * compare as the whole values do. */
+    const uint64_t target = (prefix << SFS_GINDEX_SHARD_BITS) & mask;
     uint64_t len = hi - lo;
     while (len > 1) {
         uint64_t half = len / 2;
-        __builtin_prefetch(e + lo + half / 2);
-        __builtin_prefetch(e + lo + half + half / 2);
-        lo = le64toh(e[lo + half - 1]) < target ? lo + half : lo;
+        __builtin_prefetch(e + (lo + half / 2) * w);
+        __builtin_prefetch(e + (lo + half + half / 2) * w);
+        lo = load_entry(e + (lo + half - 1) * w, mask) < target ? lo + half : lo;
         len -= half;
     }
-    if (len == 1 && le64toh(e[lo]) < target)
+    if (len == 1 && load_entry(e + lo * w, mask) < target)
         lo++;
     size_t found = 0;
     for (uint64_t i = lo; i < hi; i++) {
-        uint64_t v = le64toh(e[i]);
+        uint64_t v = entry_value(bucket, load_entry(e + i * w, mask), g->b);
         if (v >> SFS_GINDEX_SHARD_BITS != prefix)
             break;
         uint64_t j = v & SHARD_MASK;

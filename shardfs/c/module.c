@@ -3,7 +3,9 @@
  *
  * Reader(path, writable=False) and Writer(path); Sidecar, SidecarSet and
  * build_sidecar() over sidecar.h; GlobalIndex, key_prefixes(),
- * write_global_index() and merge_global_index() over gindex.h. Keys are exactly 32 bytes
+ * write_global_index() and merge_global_index() over gindex.h; OpenShards
+ * (a mount's open shards by number, and a lookup over the global index
+ * levels, the filters and those shards in one call). Keys are exactly 32 bytes
  * here (shardfs/shard.py normalizes hex). The GIL is released around every
  * lookup, copy, scan, write and the perfect-hash build. Errors raise the
  * exception classes of shardfs.errors (looked up at import), OSError (with

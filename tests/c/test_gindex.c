@@ -118,8 +118,28 @@ static void level_free(level_t *l)
     free(l->e);
 }
 
+/* The whole values of the n entries of a level file f of s shards and
+ * bucket_bits b: each entry's kept low 64 - b bits (w bytes) under the top
+ * b bits of its bucket, found by walking the directory. malloc'ed. */
+static uint64_t *entry_values(const uint8_t *f, uint64_t s, unsigned b, uint64_t n)
+{
+    unsigned w = (64 - b + 7) / 8;
+    const uint8_t *dir = f + 64 + 32 * s, *ent = dir + 8 * ((UINT64_C(1) << b) + 1);
+    uint64_t *e = malloc((n ? n : 1) * 8), k = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        while (k < (UINT64_C(1) << b) && get_le64(dir + 8 * (k + 1)) <= i)
+            k++;
+        uint64_t low = 0;
+        for (unsigned x = 0; x < w; x++)
+            low |= (uint64_t)ent[w * i + x] << (8 * x);
+        e[i] = b ? k << (64 - b) | low : low;
+    }
+    return e;
+}
+
 /* The file's bytes equal the level: header, table, directory (computed
- * here by a scan), entries. */
+ * here by a scan), entries of w bytes (the low 64 - b bits of their
+ * values, nothing above), 8 zero bytes. */
 static int file_is(const char *path, const level_t *want)
 {
     size_t len;
@@ -127,10 +147,13 @@ static int file_is(const char *path, const level_t *want)
     if (!f)
         return 0;
     unsigned b = sfs_gindex_bits_for(want->n);
+    unsigned w = (64 - b + 7) / 8;
     uint64_t buckets = UINT64_C(1) << b;
-    size_t size = 64 + 32 * want->s + 8 * (buckets + 1) + 8 * want->n;
-    int ok = len == size && sfs_gindex_file_size(want->s, b, want->n) == size;
-    ok = ok && memcmp(f, "SFSGIDX1\1\0\0\0", 12) == 0 && get_le64(f + 12) % (1ull << 32) == b &&
+    uint64_t low_mask = b ? UINT64_MAX >> b : UINT64_MAX;
+    size_t size = 64 + 32 * want->s + 8 * (buckets + 1) + w * want->n + 8;
+    int ok = len == size && sfs_gindex_file_size(want->s, b, want->n) == size &&
+             sfs_gindex_entry_size(b) == w;
+    ok = ok && memcmp(f, "SFSGIDX1\2\0\0\0", 12) == 0 && get_le64(f + 12) % (1ull << 32) == b &&
          get_le64(f + 16) == want->n && get_le64(f + 24) == want->s;
     for (int i = 32; ok && i < 64; i++)
         ok = f[i] == 0;
@@ -142,8 +165,19 @@ static int file_is(const char *path, const level_t *want)
             at++;
         ok = get_le64(dir + 8 * k) == (k == buckets ? want->n : at);
     }
-    for (uint64_t i = 0; ok && i < want->n; i++)
-        ok = get_le64(ent + 8 * i) == want->e[i];
+    for (uint64_t i = 0; ok && i < want->n; i++) {
+        uint64_t low = 0;
+        for (unsigned x = 0; x < w; x++)
+            low |= (uint64_t)ent[w * i + x] << (8 * x);
+        ok = low == (want->e[i] & low_mask);
+    }
+    for (size_t i = size - 8; ok && i < size; i++)
+        ok = f[i] == 0;
+    if (ok) { /* and decoded through the directory, the whole values */
+        uint64_t *e = entry_values(f, want->s, b, want->n);
+        ok = want->n == 0 || memcmp(e, want->e, 8 * want->n) == 0;
+        free(e);
+    }
     free(f);
     return ok;
 }
@@ -738,7 +772,7 @@ static void test_damaged(void)
         int width;
         const char *what;
     } fields[] = {
-        {0, 0x5858585858585858ull, 8, "magic"},  {8, 2, 4, "version"},
+        {0, 0x5858585858585858ull, 8, "magic"},  {8, 1, 4, "version 1"},
         {12, 33, 4, "bucket_bits > 32"},         {12, 0, 4, "bucket_bits (size)"},
         {16, want.n + 1, 8, "count"},            {16, UINT64_MAX, 8, "count 2^64 - 1"},
         {16, UINT64_MAX / 8, 8, "count overflow"}, {24, (1ull << 24) + 1, 8, "shard_count"},
@@ -761,15 +795,15 @@ static void test_damaged(void)
 
     /* bucket_bits other than the writer's, size consistent: still right */
     {
-        unsigned b = sfs_gindex_bits_for(want.n);
-        size_t old_dir = 8 * ((1u << b) + 1), table = 64 + 32 * 3;
-        size_t nsize = size - old_dir + 16;
-        uint8_t *f = malloc(nsize);
+        size_t table = 64 + 32 * 3;
+        size_t nsize = table + 16 + 8 * want.n + 8; /* b = 0: 8-byte entries */
+        uint8_t *f = calloc(1, nsize);
         memcpy(f, good, table);
         f[12] = 0;
         put_le64(f + table, 0);
         put_le64(f + table + 8, want.n);
-        memcpy(f + table + 16, good + table + old_dir, 8 * want.n);
+        for (uint64_t x = 0; x < want.n; x++)
+            put_le64(f + table + 16 + 8 * x, want.e[x]);
         write_all(bad, f, nsize);
         CHECK(sfs_gindex_open(bad, &g, &err) == SFS_OK, "b = 0: %s", err.message);
         uint64_t fp = 0;
@@ -827,11 +861,9 @@ static void test_damaged(void)
                 /* a valid level: read it back and compare with itself */
                 size_t mlen;
                 uint8_t *mf = read_all(mp, &mlen);
-                level_t mw = {3, sfs_gindex_count(m), malloc(96), malloc(8 * (sfs_gindex_count(m) + 1))};
+                level_t mw = {3, sfs_gindex_count(m), malloc(96), NULL};
                 memcpy(mw.ids, mf + 64, 96);
-                unsigned mb = sfs_gindex_bits_for(mw.n);
-                for (uint64_t x = 0; x < mw.n; x++)
-                    mw.e[x] = get_le64(mf + 64 + 96 + 8 * ((1u << mb) + 1) + 8 * x);
+                mw.e = entry_values(mf, 3, sfs_gindex_bits_for(mw.n), mw.n);
                 int sorted = 1;
                 for (uint64_t x = 1; x < mw.n; x++)
                     sorted &= mw.e[x] > mw.e[x - 1];
@@ -942,7 +974,12 @@ int main(void)
               sfs_gindex_bits_for(129) == 2 && sfs_gindex_bits_for(1000000) == 14 &&
               sfs_gindex_bits_for(UINT64_MAX) == 32,
           "bits_for");
-    CHECK(sfs_gindex_file_size(3, 2, 10) == 64 + 96 + 40 + 80, "file_size");
+    CHECK(sfs_gindex_file_size(3, 2, 10) == 64 + 96 + 40 + 80 + 8, "file_size");
+    CHECK(sfs_gindex_entry_size(0) == 8 && sfs_gindex_entry_size(1) == 8 &&
+              sfs_gindex_entry_size(8) == 7 && sfs_gindex_entry_size(14) == 7 &&
+              sfs_gindex_entry_size(16) == 6 && sfs_gindex_entry_size(24) == 5 &&
+              sfs_gindex_entry_size(29) == 5 && sfs_gindex_entry_size(32) == 4,
+          "entry_size");
     uint8_t key[32] = {0x12, 0x34, 0x56, 0x78, 0x9A, 0xBC};
     CHECK(sfs_gindex_prefix(key) == 0x123456789Aull, "prefix");
     test_write();

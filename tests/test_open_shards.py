@@ -209,6 +209,20 @@ def test_bad_arguments(level):
         table.find(keys[0][0], ("not a level",), (numbers,))
     with pytest.raises(TypeError):
         table.find(keys[0][0], (), (), "not a SidecarSet")
+    with pytest.raises(TypeError, match="missing required argument 'maps'"):
+        table.find(keys[0][0], (g,))
+    with pytest.raises(TypeError, match="unexpected argument 'shard'"):
+        table.find(keys[0][0], (g,), (numbers,), shard=1)
+    with pytest.raises(TypeError, match="more than one value for argument 'levels'"):
+        table.find(keys[0][0], (g,), (numbers,), levels=(g,))
+    with pytest.raises(TypeError, match="at most 7 arguments"):
+        table.find(keys[0][0], (g,), (numbers,), None, 0, -1, True, 1)
+    with pytest.raises(TypeError, match="must be tuples"):
+        table.find(keys[0][0], [g], (numbers,))
+    # Keywords and positions name the same arguments.
+    assert (table.find(key=keys[0][0], maps=(numbers,), levels=(g,), count=False, below=100)
+            is None)
+    assert table.find(keys[0][0], (g,), (numbers,), None, 0, -1, False) == 100
     with pytest.raises(TypeError):
         table.set(1, "not a Reader")
     with pytest.raises(ValueError):

@@ -2150,14 +2150,58 @@ static PyObject *OpenShards_clear(OpenShards *self, PyObject *unused)
  * device). Raises CorruptShardError for a corrupt slot, OSError (EIO) when
  * a mapping shrank, ValueError for a closed Reader or level, TypeError for
  * bad arguments. */
-static PyObject *OpenShards_find(OpenShards *self, PyObject *args, PyObject *kwds)
+#define FIND_ARGS 7
+static const char *const find_names[FIND_ARGS] = {"key", "levels", "maps", "filters", "start", "below",
+                                                  "count"};
+
+/* Arguments of find by position (vectorcall: no tuple nor dict is built for
+ * a call, which costs as much as an absent key's whole lookup). */
+static int find_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject *out[FIND_ARGS])
 {
-    static char *kwlist[] = {"key", "levels", "maps", "filters", "start", "below", "count", NULL};
-    PyObject *keyobj, *levels, *maps, *filters = Py_None;
+    for (int i = 0; i < FIND_ARGS; i++)
+        out[i] = NULL;
+    if (nargs > FIND_ARGS) {
+        PyErr_Format(PyExc_TypeError, "find() takes at most %d arguments (%zd given)", FIND_ARGS, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int i = 0;
+        while (i < FIND_ARGS && PyUnicode_CompareWithASCIIString(name, find_names[i]) != 0)
+            i++;
+        if (i == FIND_ARGS || out[i]) {
+            PyErr_Format(PyExc_TypeError, "find() got %s argument '%U'",
+                         i == FIND_ARGS ? "an unexpected" : "more than one value for", name);
+            return -1;
+        }
+        out[i] = args[nargs + k];
+    }
+    for (int i = 0; i < 3; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "find() missing required argument '%s'", find_names[i]);
+            return -1;
+        }
+    if (!PyTuple_Check(out[1]) || !PyTuple_Check(out[2])) {
+        PyErr_SetString(PyExc_TypeError, "find(): levels and maps must be tuples");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[FIND_ARGS];
+    if (find_args(args, nargs, kwnames, a) < 0)
+        return NULL;
+    PyObject *keyobj = a[0], *levels = a[1], *maps = a[2], *filters = a[3] ? a[3] : Py_None;
     long long start = 0, below = -1;
     int count = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!|OLLp:find", kwlist, &keyobj, &PyTuple_Type, &levels,
-                                     &PyTuple_Type, &maps, &filters, &start, &below, &count))
+    if ((a[4] && (start = PyLong_AsLongLong(a[4])) == -1 && PyErr_Occurred()) ||
+        (a[5] && (below = PyLong_AsLongLong(a[5])) == -1 && PyErr_Occurred()) ||
+        (a[6] && (count = PyObject_IsTrue(a[6])) < 0))
         return NULL;
     uint8_t key[SFS_KEY_SIZE];
     if (get_key(keyobj, key) < 0)
@@ -2270,7 +2314,7 @@ static PyMethodDef OpenShards_methods[] = {
     {"touched", (PyCFunction)OpenShards_touched, METH_O,
      "touched(number) -> whether find probed it since the last call (the mark is cleared)"},
     {"clear", (PyCFunction)OpenShards_clear, METH_NOARGS, "forget every entry"},
-    {"find", (PyCFunction)(void (*)(void))OpenShards_find, METH_VARARGS | METH_KEYWORDS,
+    {"find", (PyCFunction)(void (*)(void))OpenShards_find, METH_FASTCALL | METH_KEYWORDS,
      "find(key32, levels, maps, filters=None, start=0, below=-1, count=True) -> (member, slot, "
      "data_offset, size), None (no candidate holds it) or an int (the first candidate not held: "
      "set() it and call again with start=that number)"},

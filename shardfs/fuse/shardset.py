@@ -9,14 +9,16 @@ which copy wins when a key is in several shards: the lowest number (the same
 key always names the same bytes, so any copy is right; one must be chosen so
 that a key has one inode and is listed once).
 
-Finding a key must not read every shard's index from disk: each shard has a
-*sidecar* (`shardfs.sidecar`: a filter over its keys and its slots sorted by
-key), kept in a cache directory so that a remount does not rebuild it. The
-filters of all shards sit in one C `SidecarSet`, asked once per lookup for
-the shards that may hold the key; only those are probed. A shard whose
-sidecar is not built yet is always a candidate (probed directly) until the
-background build finishes, so a mount answers at once however many shards
-lack a sidecar.
+Finding a key must not read every shard's index: the mount's global index
+(`shardfs.gindex`) gives the shards that may hold it, whatever their
+number. A shard no index level holds yet is found through its *sidecar*
+(`shardfs.sidecar`: a filter over its keys and its slots sorted by key,
+kept in a cache directory so that a remount does not rebuild it; the
+filters sit in one C `SidecarSet`), or, until its sidecar is built, is
+always a candidate (probed directly), so a mount answers at once however
+many shards are new. Only the candidates are probed, in one C call over
+the shards open in the process (`shardfs._shardfs.OpenShards`); at most
+`max_open` shards are open at once.
 
 Processes: a mount's coordinator owns the authoritative set (it numbers the
 shards, follows the files, builds sidecars); each worker process keeps a
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import itertools
 import logging
 import os
 import resource

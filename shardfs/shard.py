@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import namedtuple
-from typing import Callable, Iterable, Iterator, Optional, Tuple, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple, Union
 
 from . import _shardfs
 from .errors import CorruptShardError, DuplicateKeyError, ShardError
@@ -145,6 +145,20 @@ class Shard:
         """The object's bytes, or ``default`` when absent."""
         data = self._reader.read(_key(key))
         return default if data is None else data
+
+    def get_batch(self, keys: Iterable[Key]) -> List[Optional[bytes]]:
+        """The bytes of each key's object, or None where the key is absent
+        (or deleted), in the order of ``keys`` (an iterable of keys, as
+        ``get`` takes them). The lookups and copies of the whole batch run
+        in C with the GIL released once (once per 64 MiB of objects): other
+        threads run meanwhile. When one of them waits for the device, the
+        rest of the batch is prefetched (posix_fadvise), so that a cold
+        batch's reads overlap. The name follows swh-objstorage's
+        ``get_batch``. Raises ValueError for a malformed key (before any
+        lookup), CorruptShardError for a corrupt slot, OSError when the
+        file cannot be read, MemoryError when a batch's objects do not fit
+        in memory."""
+        return self._reader.get_batch([_key(k) for k in keys])
 
     def size(self, key: Key) -> int:
         """Size of the object in bytes. KeyError when absent."""

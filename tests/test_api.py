@@ -195,15 +195,25 @@ def test_delete(tmp_path, objects):
         assert list(expected)[20] in s
 
 
-def test_threads_share_one_shard(tmp_path, objects):
+@pytest.mark.parametrize("batch", [0, 50], ids=["get", "get_batch"])
+def test_threads_share_one_shard(tmp_path, objects, batch):
+    """8 threads read one shard at once, key by key or in batches of 50
+    (plus an absent key; the GIL released while a batch looks up and
+    copies): every answer right."""
     path = tmp_path / "t.shard"
     expected = build(path, objects)
     items = list(expected.items())
+    keys = list(expected)
     errors = []
 
     def reader(seed):
         rnd = random.Random(seed)
-        for _ in range(5000):
+        for _ in range(5000 // (batch or 1) * (4 if batch else 1)):
+            if batch:
+                keys_ = rnd.sample(keys, batch) + [sha(b"no %d" % seed)]
+                if s.get_batch(keys_) != [expected.get(k) for k in keys_]:
+                    errors.append(seed)
+                continue
             key, data = rnd.choice(items)
             if s[key] != data:
                 errors.append(key)
@@ -231,3 +241,65 @@ def test_not_a_shard(tmp_path):
         Shard(tmp_path / "junk")
     with pytest.raises(shardfs.ShardError, match="not a regular file or block device"):
         Shard(tmp_path)
+
+
+def test_get_batch_answers_as_get_in_order(tmp_path, objects):
+    path = tmp_path / "b.shard"
+    expected = build(path, objects)
+    rnd = random.Random(7)
+    keys = list(expected)
+    absent = [sha(b"absent %d" % i) for i in range(50)]
+    batch = keys + absent + keys[:100]  # repeats and absent keys mixed in
+    rnd.shuffle(batch)
+    with Shard(path) as s:
+        got = s.get_batch(batch)
+        assert got == [expected.get(k) for k in batch]
+        assert got == [s.get(k) for k in batch]
+        # Keys as get takes them: hex (str or bytes), any iterable.
+        assert s.get_batch(k.hex() for k in keys[:5]) == [expected[k] for k in keys[:5]]
+        assert s.get_batch([keys[0].hex().upper().encode()]) == [expected[keys[0]]]
+        assert s.get_batch([]) == []
+        # A malformed key fails the whole batch before any lookup.
+        with pytest.raises(ValueError):
+            s.get_batch([keys[0], b"\x00" * 31])
+        with pytest.raises(TypeError):
+            s.get_batch(42)
+    with pytest.raises(ValueError):
+        s.get_batch(keys[:1])  # closed
+
+
+def test_get_batch_of_a_cold_shard(tmp_path):
+    """Objects evicted from the page cache: the batch's first device wait
+    makes it prefetch the rest, and every object reads back whole."""
+    rnd = random.Random(8)
+    objects = [rnd.randbytes(rnd.choice((100, 5000, 70000))) for _ in range(600)]
+    path = tmp_path / "cold.shard"
+    expected = build(path, objects)
+    keys = list(expected)
+    rnd.shuffle(keys)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with pytest.raises(BlockingIOError):  # really evicted (not a tmpfs)
+            os.preadv(fd, [bytearray(4096)], os.path.getsize(path) // 2, os.RWF_NOWAIT)
+    finally:
+        os.close(fd)
+    with Shard(path) as s:
+        assert s.get_batch(keys) == [expected[k] for k in keys]
+
+
+def test_get_batch_corrupt_slot(tmp_path, objects):
+    path = tmp_path / "bad.shard"
+    expected = build(path, objects)
+    keys = list(expected)
+    with Shard(path) as s:
+        slot = s.find(keys[5])[0]
+        index_position = s.header.index_position
+    with open(path, "r+b") as f:  # the slot's offset points past the file
+        f.seek(index_position + 40 * slot + 32)
+        f.write((2 ** 40).to_bytes(8, "big"))
+    with Shard(path) as s:
+        with pytest.raises(CorruptShardError, match="outside the objects section"):
+            s.get_batch(keys[:10])
+        assert s.get_batch(keys[:5]) == [expected[k] for k in keys[:5]]

@@ -16,6 +16,7 @@
 
 #include <endian.h>
 #include <errno.h>
+#include <time.h>
 
 #include "guard.h"
 #include "internal.h"
@@ -286,6 +287,152 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     if (size <= SMALL_OBJECT)
         return PyBytes_FromStringAndSize(small, (Py_ssize_t)size);
     return copy_out(self, off, size);
+}
+
+/* A lookup or a copy that took longer than this waited for the device:
+ * the rest of the batch is then prefetched (its reads overlap). */
+#define BATCH_SLOW_NS 20000
+
+typedef struct {
+    uint64_t off, size;
+    char *dst;  /* the bytes object's buffer, NULL when absent */
+} batch_item_t;
+
+static inline uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Look up the n keys (no GIL): items[i].off and .size, found[i] = 1 for a
+ * key present.
+ * Returns SFS_OK, or the status of the first corrupt slot or shrunken
+ * file (*bad: its key). Once a lookup waited for the device, the slots of
+ * the remaining keys are prefetched. */
+static int batch_lookups(const sfs_shard_t *shard, const uint8_t *keys, Py_ssize_t n,
+                         batch_item_t *items, unsigned char *found, Py_ssize_t *bad)
+{
+    int cold = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t t0 = cold ? 0 : now_ns();
+        int r;
+        SFS_GUARDED(r = SFS_EGONE, r = sfs_lookup(shard, keys + SFS_KEY_SIZE * i, &items[i].off,
+                                                  &items[i].size));
+        if (r != SFS_OK && r != SFS_ENOTFOUND) {
+            *bad = i;
+            return r;
+        }
+        found[i] = r == SFS_OK;
+        if (!cold && now_ns() - t0 > BATCH_SLOW_NS) {
+            cold = 1;
+            for (Py_ssize_t j = i + 1; j < n; j++) {
+                int g;
+                SFS_GUARDED(g = SFS_EGONE, (sfs_prefetch_slot(shard, keys + SFS_KEY_SIZE * j), g = 0));
+                if (g)
+                    break;
+            }
+        }
+    }
+    return SFS_OK;
+}
+
+/* Copy each found object into its dst (no GIL). Once a copy waited for the
+ * device, the remaining objects are prefetched. SFS_OK or a status. */
+static int batch_copies(const sfs_shard_t *shard, batch_item_t *items, Py_ssize_t n)
+{
+    int cold = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!items[i].dst)
+            continue;
+        uint64_t t0 = cold ? 0 : now_ns();
+        int r;
+        SFS_GUARDED(r = SFS_EGONE, r = sfs_read(shard, items[i].off, items[i].dst, (size_t)items[i].size));
+        if (r != SFS_OK)
+            return r;
+        if (!cold && now_ns() - t0 > BATCH_SLOW_NS) {
+            cold = 1;
+            for (Py_ssize_t j = i + 1; j < n; j++)
+                if (items[j].dst)
+                    sfs_prefetch(shard, items[j].off, items[j].size);
+        }
+    }
+    return SFS_OK;
+}
+
+/* get_batch(keys) -> list of bytes or None (absent), in the order of keys
+ * (a sequence of 32-byte keys). Two GIL releases per batch, whatever its
+ * length: one for every lookup, one for every copy (between them, the
+ * bytes objects are allocated, which needs the GIL; copying straight into
+ * them spares a buffer and a second copy). Once a lookup or a copy waited
+ * for the device, the rest of the batch is prefetched so that its reads
+ * overlap. Raises what read() raises (CorruptShardError for a corrupt
+ * slot, OSError), ValueError for a malformed key, MemoryError. */
+static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
+{
+    if (!reader_ready(self))
+        return NULL;
+    PyObject *seq = PySequence_Fast(arg, "get_batch() takes an iterable of keys");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint8_t *keys = PyMem_Malloc(n ? (size_t)n * SFS_KEY_SIZE : 1);
+    batch_item_t *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(batch_item_t));
+    unsigned char *found = PyMem_Calloc(n ? (size_t)n : 1, 1);
+    PyObject *out = NULL;
+    if (!keys || !items || !found) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (get_key(PySequence_Fast_GET_ITEM(seq, i), keys + SFS_KEY_SIZE * i) < 0)
+            goto done;
+    int rc;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = batch_lookups(self->shard, keys, n, items, found, &bad);
+    Py_END_ALLOW_THREADS
+    if (rc != SFS_OK) {
+        if (rc == SFS_ECORRUPT)
+            corrupt_slot(self, keys + SFS_KEY_SIZE * bad);
+        else
+            read_failed(self, rc);
+        goto done;
+    }
+    if (!(out = PyList_New(n)))
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = Py_None;
+        if (found[i]) {
+            if (items[i].size > (uint64_t)PY_SSIZE_T_MAX) {
+                PyErr_NoMemory();
+                Py_CLEAR(out);
+                goto done;
+            }
+            v = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)items[i].size);
+            if (!v) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            items[i].dst = PyBytes_AS_STRING(v);
+        } else {
+            Py_INCREF(v);
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = batch_copies(self->shard, items, n);
+    Py_END_ALLOW_THREADS
+    if (rc != SFS_OK) {
+        read_failed(self, rc);
+        Py_CLEAR(out);
+    }
+done:
+    PyMem_Free(keys);
+    PyMem_Free(items);
+    PyMem_Free(found);
+    Py_DECREF(seq);
+    return out;
 }
 
 /* find(key, nowait=False) -> (slot, data_offset, size) or None.
@@ -565,6 +712,8 @@ static PyObject *Reader_delete(Reader *self, PyObject *arg)
 }
 
 static PyMethodDef Reader_methods[] = {
+    {"get_batch", (PyCFunction)Reader_get_batch, METH_O,
+     "get_batch(keys) -> list of bytes or None, in order: keys a sequence of 32-byte keys"},
     {"close", (PyCFunction)Reader_close, METH_NOARGS, "Unmap and close the shard."},
     {"fileno", (PyCFunction)Reader_fileno, METH_NOARGS,
      "fileno() -> the descriptor of the shard's file (ValueError when closed)."},

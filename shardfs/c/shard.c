@@ -440,6 +440,14 @@ int sfs_prefetch(const sfs_shard_t *s, uint64_t offset, uint64_t length)
     return SFS_OK;
 }
 
+void sfs_prefetch_slot(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE])
+{
+    uint32_t slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
+    if (slot < s->slots)
+        posix_fadvise(s->fd, (off_t)(s->header.index_position + (uint64_t)slot * SFS_SLOT_SIZE),
+                      SFS_SLOT_SIZE, POSIX_FADV_WILLNEED);
+}
+
 int sfs_slot_object(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE],
                     uint64_t *data_offset, uint64_t *size)
 {

@@ -149,6 +149,12 @@ int sfs_read_nowait(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t
  * requests that precede its first read. */
 int sfs_prefetch(const sfs_shard_t *shard, uint64_t offset, uint64_t length);
 
+/* Ask the kernel to start reading the index slot of `key` into the page
+ * cache (posix_fadvise WILLNEED of its 40 bytes): returns at once. Used to
+ * overlap the device reads of a batch's lookups once one of them was found
+ * to wait for the device. Never fails on a validated shard. */
+void sfs_prefetch_slot(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE]);
+
 /* Resolve a raw slot as sfs_lookup does, without the hash (for iteration
  * and checks). SFS_ENOTFOUND for an empty slot, SFS_ECORRUPT when out of
  * bounds. */

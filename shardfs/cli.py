@@ -355,26 +355,99 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _get_keys(texts: List[str]) -> List[bytes]:
+    """The keys of ``get``: each KEY, and for ``-`` the lines of stdin (one
+    key per line; blank lines and surrounding spaces ignored), in order.
+    Raises UsageError naming a malformed stdin line by its number."""
+    keys: List[bytes] = []
+    for text in texts:
+        if text != "-":
+            keys.append(parse_key(text))
+            continue
+        for number, line in enumerate(sys.stdin, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                keys.append(parse_key(line))
+            except UsageError as exc:
+                raise UsageError(f"stdin line {number}: {exc}") from None
+    return keys
+
+
+def _copy_object(s, data_offset: int, size: int, out, what: str) -> None:
+    """Write an object's bytes to the binary file `out`, READ_CHUNK at a
+    time (an object may be 100 MB)."""
+    done = 0
+    while done < size:
+        chunk = s.pread(data_offset, size, done, min(READ_CHUNK, size - done))
+        if not chunk:  # cannot happen on a validated shard
+            raise Failure(f"{what}: short read at byte {done}")
+        out.write(chunk)
+        done += len(chunk)
+
+
+def _write_object_file(s, directory: str, key: bytes, data_offset: int, size: int) -> None:
+    """Write an object to ``directory/<hex key>``: a temporary file beside
+    it, renamed into place once whole, so that an error (a full disk)
+    leaves no partial file under the key's name."""
+    import tempfile
+
+    name = key.hex()
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _copy_object(s, data_offset, size, f, f"{directory}/{name}")
+        os.chmod(tmp, 0o666 & ~_umask())  # as open(2) would have made it
+        os.rename(tmp, os.path.join(directory, name))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def cmd_get(args: argparse.Namespace) -> int:
-    """Write the objects' bytes, in the order given, to stdout."""
-    keys = [parse_key(k) for k in args.keys]
+    """Write the objects' bytes, in the order given, to stdout (or with -o,
+    each to DIR/<key>)."""
+    keys = _get_keys(args.keys)
+    directory = args.output_dir
+    if directory is not None:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise Failure(describe_oserror(exc)) from None
+        if not os.path.isdir(directory):
+            raise Failure(f"{directory}: not a directory")
     out = sys.stdout.buffer
     missing = 0
     with _open_shard(args.shard) as s:
-        for key in keys:
-            where = s.locate(key)
-            if where is None:
-                missing += 1
-                report(f"{key.hex()}: not found in {args.shard}")
-                continue
-            data_offset, size = where
-            done = 0
-            while done < size:
-                chunk = s.pread(data_offset, size, done, min(READ_CHUNK, size - done))
-                if not chunk:  # cannot happen on a validated shard
-                    raise Failure(f"{args.shard}: {key.hex()}: short read at byte {done}")
-                out.write(chunk)
-                done += len(chunk)
+        bar = _progress_bar(total=len(keys), unit="obj", desc="get") if directory is not None else None
+        try:
+            for key in keys:
+                where = s.locate(key)
+                if where is None:
+                    missing += 1
+                    report(f"{key.hex()}: not found in {args.shard}")
+                elif directory is None:
+                    _copy_object(s, where[0], where[1], out, f"{args.shard}: {key.hex()}")
+                else:
+                    try:
+                        _write_object_file(s, directory, key, where[0], where[1])
+                    except OSError as exc:
+                        raise Failure(describe_oserror(exc)) from None
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
     out.flush()
     return EXIT_FAILURE if missing else EXIT_OK
 
@@ -648,13 +721,19 @@ def build_parser() -> argparse.ArgumentParser:
         "get", cmd_get,
         "write objects to stdout",
         "Write the bytes of the objects named by KEY (64 hexadecimal digits) to\n"
-        "stdout, one after the other. A key that is not in the shard is reported\n"
-        "and the exit status is 1; the objects found are still written.",
+        "stdout, one after the other; KEY '-' reads keys from stdin, one per line.\n"
+        "With -o DIR, each object goes to the file DIR/<key> instead (written under\n"
+        "a temporary name, then renamed: an error leaves no partial file). A key\n"
+        "that is not in the shard is reported and the exit status is 1; the\n"
+        "objects found are still written.",
         "  shardfs get my.shard 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 > obj\n"
-        "  shardfs ls my.shard | xargs shardfs get my.shard | wc -c\n",
+        "  shardfs ls my.shard | shardfs get my.shard - | wc -c\n"
+        "  shardfs ls my.shard | shardfs get my.shard - -o objects/\n",
     )
     p.add_argument("shard", metavar="SHARD")
-    p.add_argument("keys", metavar="KEY", nargs="+")
+    p.add_argument("keys", metavar="KEY", nargs="+", help="a key, or - for keys read from stdin")
+    p.add_argument("-o", "--output-dir", metavar="DIR",
+                   help="write each object to DIR/<key> (DIR created if missing) instead of stdout")
 
     p = command(
         "check", cmd_check,

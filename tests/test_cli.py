@@ -185,6 +185,78 @@ def test_get_missing_key_prints_found_ones_and_fails(built):
     assert line == f"shardfs: {missing}: not found in {shard}"
 
 
+def test_get_keys_from_stdin(built):
+    """``shardfs ls | shardfs get SHARD -``: every object, in ls order; keys
+    given before and after ``-`` keep their places."""
+    shard, contents = built
+    listing = run("ls", shard).stdout
+    keys = [bytes.fromhex(k) for k in listing.decode().split()]
+    proc = run("get", shard, "-", input=listing)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"".join(contents[k] for k in keys)
+    first = keys[0].hex()
+    proc = run("get", shard, first, "-", first, input=b"\n  " + keys[1].hex().encode() + b"  \n\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == contents[keys[0]] + contents[keys[1]] + contents[keys[0]]
+    line = assert_one_line_error(run("get", shard, "-", input=listing + b"not-a-key\n"), 2)
+    assert f"stdin line {len(keys) + 1}:" in line
+
+
+def test_get_output_dir_writes_one_file_per_key(built, tmp_path):
+    shard, contents = built
+    listing = run("ls", shard).stdout
+    missing = sha256(b"not in the shard").hex()
+    out = tmp_path / "objects" / "here"  # created, parents too
+    proc = run("get", shard, "-", missing, "-o", out, input=listing)
+    line = assert_one_line_error(proc, 1)
+    assert line == f"shardfs: {missing}: not found in {shard}"
+    assert proc.stdout == b""
+    files = {p.name: p for p in out.iterdir()}
+    assert set(files) == {k.hex() for k in contents}  # no temporary file left
+    for key, data in contents.items():
+        path = files[key.hex()]
+        assert path.read_bytes() == data and sha256(path.read_bytes()) == key
+        assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+    # Again over the same files: replaced whole.
+    assert run("get", shard, "-", "-o", out, input=listing).returncode == 0
+    assert {p.name for p in out.iterdir()} == set(files)
+    # DIR that is a file: one line, nothing written.
+    assert_one_line_error(run("get", shard, "-", "-o", files[listing.split()[0].decode()], input=listing), 1)
+
+
+def test_get_output_dir_write_error_leaves_no_partial_file(tmp_path):
+    """A write error (EFBIG under RLIMIT_FSIZE, as a full disk would give):
+    one line, exit 1, and no file under the key's name, whole or partial."""
+    import resource
+
+    big = random.Random(4).randbytes(200_000)
+    small = b"small object"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big").write_bytes(big)
+    (src / "small").write_bytes(small)
+    shard = tmp_path / "f.shard"
+    assert run("create", shard, src).returncode == 0
+    out = tmp_path / "out"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, resource.RLIM_INFINITY))
+
+    proc = subprocess.run(
+        SHARDFS + ["get", str(shard), sha256(small).hex(), sha256(big).hex(), "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=TIMEOUT, preexec_fn=limit,
+    )
+    assert_one_line_error(proc, 1)
+    assert [p.name for p in out.iterdir()] == [sha256(small).hex()]
+    assert (out / sha256(small).hex()).read_bytes() == small
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @pytest.mark.parametrize("key", ["abc", "z" * 64, "0" * 63, "0" * 65, ""])
 def test_get_bad_key_is_usage_error(built, key):
     shard, _ = built

@@ -303,3 +303,35 @@ def test_get_batch_corrupt_slot(tmp_path, objects):
         with pytest.raises(CorruptShardError, match="outside the objects section"):
             s.get_batch(keys[:10])
         assert s.get_batch(keys[:5]) == [expected[k] for k in keys[:5]]
+
+
+def test_get_batch_and_close_from_another_thread(tmp_path, objects):
+    """close() while another thread's batch runs with the GIL released:
+    the batch ends with right answers (the shard stays open until it
+    returns), later calls raise ValueError, nothing crashes."""
+    path = tmp_path / "c.shard"
+    expected = build(path, objects)
+    keys = list(expected) * 20
+    s = Shard(path)
+    results, errors = [], []
+    started = threading.Event()
+
+    def reader():
+        try:
+            while True:
+                started.set()
+                got = s.get_batch(keys)
+                results.append(got == [expected[k] for k in keys])
+        except ValueError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    started.wait(10)
+    s.close()
+    t.join(30)
+    assert not t.is_alive() and errors == []
+    assert all(results)
+    assert s.closed

@@ -375,6 +375,10 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
     PyObject *seq = PySequence_Fast(arg, "get_batch() takes an iterable of keys");
     if (!seq)
         return NULL;
+    /* Held for the call: a close() from another thread meanwhile waits
+     * for the end of it (Reader.users), as for an OpenShards entry. */
+    sfs_shard_t *shard = self->shard;
+    self->users++;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     uint8_t *keys = PyMem_Malloc(n ? (size_t)n * SFS_KEY_SIZE : 1);
     batch_item_t *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(batch_item_t));
@@ -390,7 +394,7 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
     int rc;
     Py_ssize_t bad = -1;
     Py_BEGIN_ALLOW_THREADS
-    rc = batch_lookups(self->shard, keys, n, items, found, &bad);
+    rc = batch_lookups(shard, keys, n, items, found, &bad);
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK) {
         if (rc == SFS_ECORRUPT)
@@ -421,7 +425,7 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
         PyList_SET_ITEM(out, i, v);
     }
     Py_BEGIN_ALLOW_THREADS
-    rc = batch_copies(self->shard, items, n);
+    rc = batch_copies(shard, items, n);
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK) {
         read_failed(self, rc);
@@ -432,6 +436,10 @@ done:
     PyMem_Free(items);
     PyMem_Free(found);
     Py_DECREF(seq);
+    if (--self->users == 0 && self->closed) {
+        sfs_close(self->shard);
+        self->shard = NULL;
+    }
     return out;
 }
 

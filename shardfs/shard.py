@@ -149,15 +149,17 @@ class Shard:
     def get_batch(self, keys: Iterable[Key]) -> List[Optional[bytes]]:
         """The bytes of each key's object, or None where the key is absent
         (or deleted), in the order of ``keys`` (an iterable of keys, as
-        ``get`` takes them). The lookups and copies of the whole batch run
-        in C with the GIL released once (once per 64 MiB of objects): other
-        threads run meanwhile. When one of them waits for the device, the
-        rest of the batch is prefetched (posix_fadvise), so that a cold
-        batch's reads overlap. The name follows swh-objstorage's
-        ``get_batch``. Raises ValueError for a malformed key (before any
-        lookup), CorruptShardError for a corrupt slot, OSError when the
-        file cannot be read, MemoryError when a batch's objects do not fit
-        in memory."""
+        ``get`` takes them). The whole batch is looked up and copied in C
+        with the GIL released twice, whatever its length (once for every
+        lookup, once for every copy, straight into the bytes objects):
+        other threads run meanwhile, and a ``close()`` from one of them
+        takes effect when the batch returns. When a lookup or a copy waits
+        for the device, the rest of the batch is prefetched
+        (posix_fadvise), so that a cold batch's reads overlap. The name
+        follows swh-objstorage's ``get_batch``. Raises ValueError for a
+        malformed key (before any lookup) or a closed shard,
+        CorruptShardError for a corrupt slot, OSError when the file cannot
+        be read, MemoryError."""
         return self._reader.get_batch([_key(k) for k in keys])
 
     def size(self, key: Key) -> int:

@@ -312,3 +312,25 @@ def test_shard_set_find_uses_the_table_and_keeps_its_bound(level, tmp_path):
     assert ss.find(keys[1][0]) is None
     ss.close()
     assert len(ss.open_table) == 0
+
+
+def test_a_forgotten_entry_keeps_no_reference(level):
+    """set(number, None) drops the entry whole: the garbage collector no
+    longer sees its member through the table (a stale pointer there would
+    be visited after the member is freed)."""
+    import gc
+
+    shards = level[0]
+    table = OpenShards()
+
+    class Member:
+        pass
+
+    member = Member()
+    table.set(100, shards[0].reader, member)
+    assert any(x is member for x in gc.get_referents(table))
+    table.set(100, None)
+    assert not any(x is member for x in gc.get_referents(table))
+    table.set(100, shards[0].reader, member)
+    table.set(100, shards[1].reader, "other")  # replaced: the old member is dropped too
+    assert not any(x is member for x in gc.get_referents(table))

@@ -2248,7 +2248,7 @@ static PyObject *OpenShards_set(OpenShards *self, PyObject *args)
         return NULL;
     open_entry_t *e = &self->entries[number];
     open_entry_t old = *e;
-    e->reader = NULL;
+    memset(e, 0, sizeof(*e)); /* never a stale member left for tp_traverse */
     if (reader != Py_None) {
         Reader *r = (Reader *)reader;
         Py_INCREF(r);

@@ -5,7 +5,7 @@ passes, the shard counts interleaved. For before/after figures of a change
 to the lookup path, run it alternately on two commits in one session:
 
     git worktree add /tmp/before <commit>
-    (cd /tmp/before && ../path/to/.venv/bin/python setup.py -q build_ext --inplace)
+    (cd /tmp/before && "$OLDPWD/.venv/bin/python" setup.py -q build_ext --inplace)
     for i in 1 2; do
         PYTHONPATH=/tmp/before .venv/bin/python bench/find_ab.py
         PYTHONPATH=$PWD .venv/bin/python bench/find_ab.py

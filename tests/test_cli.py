@@ -216,7 +216,7 @@ def test_get_output_dir_writes_one_file_per_key(built, tmp_path):
     for key, data in contents.items():
         path = files[key.hex()]
         assert path.read_bytes() == data and sha256(path.read_bytes()) == key
-        assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+        assert path.stat().st_mode & 0o777 == 0o666 & ~cli._umask()
     # Again over the same files: replaced whole.
     assert run("get", shard, "-", "-o", out, input=listing).returncode == 0
     assert {p.name for p in out.iterdir()} == set(files)
@@ -249,12 +249,6 @@ def test_get_output_dir_write_error_leaves_no_partial_file(tmp_path):
     assert_one_line_error(proc, 1)
     assert [p.name for p in out.iterdir()] == [sha256(small).hex()]
     assert (out / sha256(small).hex()).read_bytes() == small
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @pytest.mark.parametrize("key", ["abc", "z" * 64, "0" * 63, "0" * 65, ""])

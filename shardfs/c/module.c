@@ -76,6 +76,23 @@ typedef struct {
     int closed;       /* close() called; the shard stays open while users > 0 */
 } Reader;
 
+/* Hold the reader's shard open (Reader.users) while its memory may be read
+ * without the GIL; reader_unhold lets it go, closing it then if close()
+ * was called meanwhile. Under the GIL. */
+static sfs_shard_t *reader_hold(Reader *self)
+{
+    self->users++;
+    return self->shard;
+}
+
+static void reader_unhold(Reader *self)
+{
+    if (--self->users == 0 && self->closed) {
+        sfs_close(self->shard);
+        self->shard = NULL;
+    }
+}
+
 static int reader_ready(Reader *self)
 {
     if (!self->shard || self->closed) {
@@ -193,11 +210,11 @@ static PyObject *gone(const char *path)
     return NULL;
 }
 
-static PyObject *corrupt_slot(Reader *self, const uint8_t *key)
+static PyObject *corrupt_slot(const sfs_shard_t *shard)
 {
     PyErr_Format(CorruptShardError,
                  "%s: the slot of a key points outside the objects section (run shardfs check)",
-                 sfs_path(self->shard));
+                 sfs_path(shard));
     return NULL;
 }
 
@@ -217,7 +234,7 @@ static PyObject *Reader_locate(Reader *self, PyObject *arg)
     if (rc == SFS_EGONE)
         return gone(sfs_path(self->shard));
     if (rc != SFS_OK)
-        return corrupt_slot(self, key);
+        return corrupt_slot(self->shard);
     return Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)size);
 }
 
@@ -283,7 +300,7 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     if (rc == SFS_EIO)
         return read_failed(self, rc);
     if (rc != SFS_OK)
-        return corrupt_slot(self, key);
+        return corrupt_slot(self->shard);
     if (size <= SMALL_OBJECT)
         return PyBytes_FromStringAndSize(small, (Py_ssize_t)size);
     return copy_out(self, off, size);
@@ -376,9 +393,8 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
     if (!seq)
         return NULL;
     /* Held for the call: a close() from another thread meanwhile waits
-     * for the end of it (Reader.users), as for an OpenShards entry. */
-    sfs_shard_t *shard = self->shard;
-    self->users++;
+     * for the end of it, as for an OpenShards entry. */
+    sfs_shard_t *shard = reader_hold(self);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     uint8_t *keys = PyMem_Malloc(n ? (size_t)n * SFS_KEY_SIZE : 1);
     batch_item_t *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(batch_item_t));
@@ -398,7 +414,7 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK) {
         if (rc == SFS_ECORRUPT)
-            corrupt_slot(self, keys + SFS_KEY_SIZE * bad);
+            corrupt_slot(shard);
         else
             read_failed(self, rc);
         goto done;
@@ -436,10 +452,7 @@ done:
     PyMem_Free(items);
     PyMem_Free(found);
     Py_DECREF(seq);
-    if (--self->users == 0 && self->closed) {
-        sfs_close(self->shard);
-        self->shard = NULL;
-    }
+    reader_unhold(self);
     return out;
 }
 
@@ -473,7 +486,7 @@ static PyObject *Reader_find(Reader *self, PyObject *args)
     if (rc == SFS_EGONE)
         return gone(sfs_path(self->shard));
     if (rc != SFS_OK)
-        return corrupt_slot(self, key);
+        return corrupt_slot(self->shard);
     return Py_BuildValue("(kKK)", (unsigned long)slot, (unsigned long long)off,
                          (unsigned long long)size);
 }
@@ -1261,6 +1274,36 @@ static int index_arg(PyObject *arg, Py_ssize_t *i)
 }
 
 /* set(i, sidecar_or_None) */
+/* Grow two parallel arrays indexed by i (*items of item_size bytes each,
+ * *bytes of one byte each) so that index i fits: the capacity *cap doubled
+ * from `initial` as needed, the new part zeroed. 0, or -1 with MemoryError
+ * set (the arrays stay valid at their old capacity). */
+static int grow_dense(void **items, size_t item_size, unsigned char **bytes, Py_ssize_t *cap,
+                      Py_ssize_t i, Py_ssize_t initial)
+{
+    if (i < *cap)
+        return 0;
+    Py_ssize_t want = *cap ? *cap : initial;
+    while (want <= i)
+        want *= 2;
+    void *a = PyMem_Realloc(*items, (size_t)want * item_size);
+    if (!a) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *items = a;
+    unsigned char *b = PyMem_Realloc(*bytes, (size_t)want);
+    if (!b) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *bytes = b;
+    memset((char *)a + (size_t)*cap * item_size, 0, (size_t)(want - *cap) * item_size);
+    memset(b + *cap, 0, (size_t)(want - *cap));
+    *cap = want;
+    return 0;
+}
+
 static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
 {
     PyObject *i_obj, *obj;
@@ -1275,24 +1318,8 @@ static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
         if (!sidecar_ready((Sidecar *)obj))
             return NULL;
     }
-    if (i >= self->cap) {
-        Py_ssize_t cap = self->cap ? self->cap : 16;
-        while (cap <= i)
-            cap *= 2;
-        PyObject **s = PyMem_Realloc(self->sidecars, (size_t)cap * sizeof(PyObject *));
-        if (!s)
-            return PyErr_NoMemory();
-        self->sidecars = s;
-        unsigned char *a = PyMem_Realloc(self->active, (size_t)cap);
-        if (!a)
-            return PyErr_NoMemory();
-        self->active = a;
-        for (Py_ssize_t j = self->cap; j < cap; j++) {
-            s[j] = NULL;
-            a[j] = 0;
-        }
-        self->cap = cap;
-    }
+    if (grow_dense((void **)&self->sidecars, sizeof(PyObject *), &self->active, &self->cap, i, 16) < 0)
+        return NULL;
     if (i >= self->len)
         self->len = i + 1;
     release_entry(self, i);
@@ -1518,6 +1545,32 @@ static PyObject *GlobalIndex_exit(GlobalIndex *self, PyObject *args)
 
 #define LOOKUP_STACK 64 /* shard indices answered without an allocation */
 
+/* Every shard index of level g holding the key's prefix: into stack (of
+ * LOOKUP_STACK), or, when more shards hold it, into a PyMem buffer (*out,
+ * to be freed when != stack). Returns SFS_OK and *n, SFS_EGONE (the file
+ * shrank: no exception set) or SFS_ENOMEM (MemoryError set). */
+static int gindex_lookup_all(const sfs_gindex_t *g, const uint8_t key[SFS_KEY_SIZE],
+                             uint32_t stack[LOOKUP_STACK], uint32_t **out, size_t *n)
+{
+    int rc = SFS_OK;
+    volatile size_t found = 0; /* set inside the guard */
+    *out = stack;
+    SFS_GUARDED(rc = SFS_EGONE, found = sfs_gindex_lookup(g, key, stack, LOOKUP_STACK));
+    if (rc == SFS_OK && found > LOOKUP_STACK) { /* many shards hold the prefix */
+        size_t want = found;
+        *out = PyMem_Malloc(want * sizeof(uint32_t));
+        if (!*out) {
+            *out = stack;
+            PyErr_NoMemory();
+            return SFS_ENOMEM;
+        }
+        SFS_GUARDED(rc = SFS_EGONE, found = sfs_gindex_lookup(g, key, *out, want));
+        found = found < want ? found : want;
+    }
+    *n = found;
+    return rc;
+}
+
 /* lookup(key32) -> list of shard-table indices. No GIL release: a lookup
  * reads a directory entry and one ~512-byte bucket. */
 static PyObject *GlobalIndex_lookup(GlobalIndex *self, PyObject *arg)
@@ -1525,18 +1578,11 @@ static PyObject *GlobalIndex_lookup(GlobalIndex *self, PyObject *arg)
     uint8_t key[SFS_KEY_SIZE];
     if (!gindex_ready(self) || get_key(arg, key) < 0)
         return NULL;
-    uint32_t stack[LOOKUP_STACK], *out = stack;
+    uint32_t stack[LOOKUP_STACK], *out;
     size_t n = 0;
-    int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, n = sfs_gindex_lookup(self->g, key, stack, LOOKUP_STACK));
-    if (rc == SFS_OK && n > LOOKUP_STACK) { /* many shards hold the prefix */
-        out = PyMem_Malloc(n * sizeof(uint32_t));
-        if (!out)
-            return PyErr_NoMemory();
-        volatile size_t again = 0; /* set inside the guard */
-        SFS_GUARDED(rc = SFS_EGONE, again = sfs_gindex_lookup(self->g, key, out, n));
-        n = again < n ? again : n;
-    }
+    int rc = gindex_lookup_all(self->g, key, stack, &out, &n);
+    if (rc == SFS_ENOMEM)
+        return NULL;
     PyObject *list = rc == SFS_EGONE ? gone(sfs_gindex_path(self->g)) : PyList_New((Py_ssize_t)n);
     for (size_t j = 0; list && j < n; j++) {
         PyObject *v = PyLong_FromUnsignedLong(out[j]);
@@ -2002,26 +2048,12 @@ static int collect_candidates(PyObject *levels, PyObject *maps, PyObject *filter
             return -1;
         const int64_t *map = (const int64_t *)view.buf;
         size_t nmap = (size_t)view.len / sizeof(int64_t);
-        uint32_t stack[LOOKUP_STACK], *out = stack;
+        uint32_t stack[LOOKUP_STACK], *out;
         size_t n = 0;
-        int rc = SFS_OK;
-        SFS_GUARDED(rc = SFS_EGONE, n = sfs_gindex_lookup(g->g, key, stack, LOOKUP_STACK));
-        if (rc == SFS_OK && n > LOOKUP_STACK) {
-            out = PyMem_Malloc(n * sizeof(uint32_t));
-            if (!out) {
-                PyBuffer_Release(&view);
-                PyErr_NoMemory();
-                return -1;
-            }
-            volatile size_t again = 0; /* set inside the guard */
-            SFS_GUARDED(rc = SFS_EGONE, again = sfs_gindex_lookup(g->g, key, out, n));
-            n = again < n ? again : n;
-        }
-        int failed = 0;
-        if (rc != SFS_OK) {
+        int rc = gindex_lookup_all(g->g, key, stack, &out, &n);
+        int failed = rc != SFS_OK;
+        if (rc == SFS_EGONE)
             gone(sfs_gindex_path(g->g));
-            failed = 1;
-        }
         for (size_t j = 0; !failed && j < n; j++) {
             if (out[j] >= nmap)
                 continue;
@@ -2103,19 +2135,9 @@ typedef struct {
     PyObject *parked;
 } OpenShards;
 
-/* Let go of a Reader an entry held: its shard closes now if close() was
- * called while held. */
-static void release_reader(Reader *r)
-{
-    if (--r->users == 0 && r->closed) {
-        sfs_close(r->shard);
-        r->shard = NULL;
-    }
-    Py_DECREF(r);
-}
-
-/* Empty entry e: released now, or parked while a find probes without the
- * GIL (it may be reading that shard's mapping). */
+/* Empty entry e. Its reader is let go now, or, while a find probes
+ * without the GIL (it may be reading that shard's mapping), parked still
+ * held until the probe ends (release_parked). */
 static void release_open_entry(OpenShards *self, open_entry_t *e)
 {
     Reader *r = e->reader;
@@ -2126,40 +2148,32 @@ static void release_open_entry(OpenShards *self, open_entry_t *e)
     if (!r)
         return;
     self->count--;
+    Py_DECREF(member);
     if (self->busy) {
         if (!self->parked)
             self->parked = PyList_New(0);
-        PyObject *pair = self->parked ? Py_BuildValue("(OO)", (PyObject *)r, member) : NULL;
-        if (pair && PyList_Append(self->parked, pair) == 0) {
-            Py_DECREF(pair);
-            r->users++; /* the parked pair holds it: released with the pair */
-            release_reader(r);
-            Py_DECREF(member);
+        if (self->parked && PyList_Append(self->parked, (PyObject *)r) == 0) {
+            Py_DECREF(r); /* the list holds it now */
             return;
         }
-        /* Out of memory: leak the reference rather than free a shard that
-         * may be read. */
-        Py_XDECREF(pair);
+        /* Out of memory: leak the reader rather than free a shard that may
+         * be read. */
         PyErr_Clear();
         return;
     }
-    release_reader(r);
-    Py_DECREF(member);
+    reader_unhold(r);
+    Py_DECREF(r);
 }
 
-/* Release the parked entries once no find probes (their users counts). */
+/* Let go of the parked readers once no find probes. */
 static void release_parked(OpenShards *self)
 {
     PyObject *parked = self->parked;
     if (self->busy || !parked)
         return;
     self->parked = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(parked);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Reader *r = (Reader *)PyTuple_GET_ITEM(PyList_GET_ITEM(parked, i), 0);
-        Py_INCREF(r);
-        release_reader(r); /* drops the users count the pair stood for */
-    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parked); i++)
+        reader_unhold((Reader *)PyList_GET_ITEM(parked, i));
     Py_DECREF(parked);
 }
 
@@ -2226,22 +2240,9 @@ static PyObject *OpenShards_set(OpenShards *self, PyObject *args)
     if (number >= OPEN_SHARDS_MAX_NUMBER) {
         Py_RETURN_NONE;
     }
-    if (reader != Py_None && number >= self->cap) {
-        Py_ssize_t cap = self->cap ? self->cap : 1024;
-        while (cap <= number)
-            cap *= 2;
-        open_entry_t *entries = PyMem_Realloc(self->entries, (size_t)cap * sizeof(open_entry_t));
-        if (!entries)
-            return PyErr_NoMemory();
-        self->entries = entries;
-        unsigned char *used = PyMem_Realloc(self->used, (size_t)cap);
-        if (!used)
-            return PyErr_NoMemory();
-        self->used = used;
-        memset(entries + self->cap, 0, (size_t)(cap - self->cap) * sizeof(open_entry_t));
-        memset(used + self->cap, 0, (size_t)(cap - self->cap));
-        self->cap = cap;
-    }
+    if (reader != Py_None &&
+        grow_dense((void **)&self->entries, sizeof(open_entry_t), &self->used, &self->cap, number, 1024) < 0)
+        return NULL;
     if (number >= self->cap)
         Py_RETURN_NONE; /* forgetting an entry never held */
     if (reader != Py_None && !reader_ready((Reader *)reader))
@@ -2253,8 +2254,7 @@ static PyObject *OpenShards_set(OpenShards *self, PyObject *args)
         Reader *r = (Reader *)reader;
         Py_INCREF(r);
         Py_INCREF(member);
-        r->users++;
-        e->shard = r->shard;
+        e->shard = reader_hold(r);
         e->reader = r;
         e->member = member;
         self->count++;
@@ -2429,9 +2429,7 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
         } else if (rc == SFS_EGONE) {
             gone(sfs_path(held[hit]));
         } else {
-            PyErr_Format(CorruptShardError,
-                         "%s: the slot of a key points outside the objects section (run shardfs check)",
-                         sfs_path(held[hit]));
+            corrupt_slot(held[hit]);
         }
     } else if (missing >= 0) {
         result = PyLong_FromLongLong(missing);

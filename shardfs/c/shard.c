@@ -334,14 +334,6 @@ int sfs_lookup_slot(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint3
     return resolve(s, offset, data_offset, size);
 }
 
-void sfs_prefetch_reader(const sfs_shard_t *s)
-{
-    if (!s)
-        return;
-    for (size_t at = 0; at < sizeof(*s); at += 64)
-        __builtin_prefetch((const char *)s + at, 0, 3);
-}
-
 int sfs_lookup(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint64_t *data_offset,
                uint64_t *size)
 {
@@ -438,6 +430,14 @@ int sfs_prefetch(const sfs_shard_t *s, uint64_t offset, uint64_t length)
     if (length)
         posix_fadvise(s->fd, (off_t)offset, (off_t)length, POSIX_FADV_WILLNEED);
     return SFS_OK;
+}
+
+void sfs_prefetch_reader(const sfs_shard_t *s)
+{
+    if (!s)
+        return;
+    for (size_t at = 0; at < sizeof(*s); at += 64)
+        __builtin_prefetch((const char *)s + at, 0, 3);
 }
 
 void sfs_prefetch_slot(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE])

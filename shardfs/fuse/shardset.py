@@ -498,7 +498,6 @@ class ShardSet:
     def discard(self, member: MountedShard) -> None:
         """Close `member` and forget it (its number is never given again)."""
         self.remove(member)
-        self.open_table.set(member.number, None)
         self.open_shards.pop(member.number)
         self.open_sidecars.pop(member.number)
         member.held = member.filter = None

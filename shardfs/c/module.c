@@ -306,85 +306,113 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     return copy_out(self, off, size);
 }
 
-/* A lookup or a copy that took longer than this waited for the device:
- * the rest of the batch is then prefetched (its reads overlap). */
+/* A copy of a large object, or 8 copies of small ones, that took longer
+ * than this plus 0.5 ns per byte copied (2 GB/s, slower than any copy
+ * from the page cache) waited for the device: the rest of the batch is
+ * then prefetched (its reads overlap). */
 #define BATCH_SLOW_NS 20000
+/* Objects whose first bytes are prefetched ahead of their copy. */
+#define COPY_AHEAD 4
+#define PREFETCH_BYTES 128
 
-typedef struct {
-    uint64_t off, size;
-    char *dst;  /* the bytes object's buffer, NULL when absent */
-} batch_item_t;
-
-static inline uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-/* Look up the n keys (no GIL): items[i].off and .size, found[i] = 1 for a
- * key present.
- * Returns SFS_OK, or the status of the first corrupt slot or shrunken
- * file (*bad: its key). Once a lookup waited for the device, the slots of
- * the remaining keys are prefetched. */
-static int batch_lookups(const sfs_shard_t *shard, const uint8_t *keys, Py_ssize_t n,
-                         batch_item_t *items, unsigned char *found, Py_ssize_t *bad)
+/* Copy each found object into dst[i] (no GIL; NULL: absent). The first
+ * bytes of the object COPY_AHEAD places ahead are prefetched into the CPU
+ * cache; once a copy waited for the device, every remaining object is
+ * asked of the kernel instead (posix_fadvise). SFS_OK or a status. */
+static int batch_copies(const sfs_shard_t *shard, const sfs_found_t *found, char *const *dst,
+                        Py_ssize_t n)
 {
     int cold = 0;
+    uint64_t t0 = sfs_now_ns(), bytes = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t t0 = cold ? 0 : now_ns();
-        int r;
-        SFS_GUARDED(r = SFS_EGONE, r = sfs_lookup(shard, keys + SFS_KEY_SIZE * i, &items[i].off,
-                                                  &items[i].size));
-        if (r != SFS_OK && r != SFS_ENOTFOUND) {
-            *bad = i;
-            return r;
+        if (!cold && i + COPY_AHEAD < n && dst[i + COPY_AHEAD]) {
+            const sfs_found_t *f = &found[i + COPY_AHEAD];
+            const uint8_t *p = sfs_data(shard, f->data_offset, f->size);
+            if (p)
+                for (uint64_t at = 0; at < f->size && at < PREFETCH_BYTES; at += 64)
+                    __builtin_prefetch(p + at, 0, 0);
         }
-        found[i] = r == SFS_OK;
-        if (!cold && now_ns() - t0 > BATCH_SLOW_NS) {
-            cold = 1;
-            for (Py_ssize_t j = i + 1; j < n; j++) {
-                int g;
-                SFS_GUARDED(g = SFS_EGONE, (sfs_prefetch_slot(shard, keys + SFS_KEY_SIZE * j), g = 0));
-                if (g)
-                    break;
+        if (dst[i]) {
+            int r = sfs_read(shard, found[i].data_offset, dst[i], (size_t)found[i].size);
+            if (r != SFS_OK)
+                return r;
+            bytes += found[i].size;
+        }
+        /* timed per copy while copies are large, else per group of 8 */
+        if (!cold && ((i & 7) == 7 || (dst[i] && found[i].size > SMALL_OBJECT))) {
+            uint64_t t = sfs_now_ns();
+            if (t - t0 > BATCH_SLOW_NS + bytes / 2) {
+                cold = 1;
+                for (Py_ssize_t j = i + 1; j < n; j++)
+                    if (dst[j])
+                        sfs_prefetch(shard, found[j].data_offset, found[j].size);
             }
+            t0 = t;
+            bytes = 0;
         }
     }
     return SFS_OK;
 }
 
-/* Copy each found object into its dst (no GIL). Once a copy waited for the
- * device, the remaining objects are prefetched. SFS_OK or a status. */
-static int batch_copies(const sfs_shard_t *shard, batch_item_t *items, Py_ssize_t n)
+/* The keys of a sequence, back to back (PyMem_Malloc'd, n x 32 bytes; 1
+ * byte when n = 0), or NULL with an exception (ValueError for a malformed
+ * key, MemoryError). */
+static uint8_t *keys_of(PyObject *seq, Py_ssize_t n)
 {
-    int cold = 0;
+    uint8_t *keys = PyMem_Malloc(n ? (size_t)n * SFS_KEY_SIZE : 1);
+    if (!keys)
+        return (uint8_t *)PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (!items[i].dst)
-            continue;
-        uint64_t t0 = cold ? 0 : now_ns();
-        int r;
-        SFS_GUARDED(r = SFS_EGONE, r = sfs_read(shard, items[i].off, items[i].dst, (size_t)items[i].size));
-        if (r != SFS_OK)
-            return r;
-        if (!cold && now_ns() - t0 > BATCH_SLOW_NS) {
-            cold = 1;
-            for (Py_ssize_t j = i + 1; j < n; j++)
-                if (items[j].dst)
-                    sfs_prefetch(shard, items[j].off, items[j].size);
+        PyObject *k = PySequence_Fast_GET_ITEM(seq, i);
+        if (PyBytes_CheckExact(k) && PyBytes_GET_SIZE(k) == SFS_KEY_SIZE)
+            memcpy(keys + SFS_KEY_SIZE * i, PyBytes_AS_STRING(k), SFS_KEY_SIZE);
+        else if (get_key(k, keys + SFS_KEY_SIZE * i) < 0) {
+            PyMem_Free(keys);
+            return NULL;
         }
     }
-    return SFS_OK;
+    return keys;
+}
+
+/* A list of n bytes objects (None where found[i] is not SFS_OK) of the
+ * found sizes, uninitialised; dst[i] gets each one's buffer (NULL for
+ * None). NULL with MemoryError. */
+static PyObject *batch_results(const sfs_found_t *found, char **dst, Py_ssize_t n)
+{
+    PyObject *out = PyList_New(n);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = Py_None;
+        dst[i] = NULL;
+        if (found[i].status == SFS_OK) {
+            if (found[i].size > (uint64_t)PY_SSIZE_T_MAX) {
+                Py_DECREF(out);
+                return PyErr_NoMemory();
+            }
+            v = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)found[i].size);
+            if (!v) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            dst[i] = PyBytes_AS_STRING(v);
+        } else {
+            Py_INCREF(v);
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
 }
 
 /* get_batch(keys) -> list of bytes or None (absent), in the order of keys
  * (a sequence of 32-byte keys). Two GIL releases per batch, whatever its
- * length: one for every lookup, one for every copy (between them, the
- * bytes objects are allocated, which needs the GIL; copying straight into
- * them spares a buffer and a second copy). Once a lookup or a copy waited
- * for the device, the rest of the batch is prefetched so that its reads
- * overlap. Raises what read() raises (CorruptShardError for a corrupt
- * slot, OSError), ValueError for a malformed key, MemoryError. */
+ * length: one for every lookup (sfs_lookup_batch: the lookups' cache misses
+ * overlap), one for every copy (between them, the bytes objects are
+ * allocated, which needs the GIL; copying straight into them spares a
+ * buffer and a second copy). Once a lookup or a copy waited for the
+ * device, the rest of the batch is prefetched so that its reads overlap.
+ * Raises what read() raises (CorruptShardError for a corrupt slot,
+ * OSError), ValueError for a malformed key, MemoryError. */
 static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
 {
     if (!reader_ready(self))
@@ -396,52 +424,32 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
      * for the end of it, as for an OpenShards entry. */
     sfs_shard_t *shard = reader_hold(self);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    uint8_t *keys = PyMem_Malloc(n ? (size_t)n * SFS_KEY_SIZE : 1);
-    batch_item_t *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(batch_item_t));
-    unsigned char *found = PyMem_Calloc(n ? (size_t)n : 1, 1);
+    uint8_t *keys = keys_of(seq, n);
+    sfs_found_t *found = PyMem_Malloc((n ? (size_t)n : 1) * sizeof(sfs_found_t));
+    char **dst = PyMem_Malloc((n ? (size_t)n : 1) * sizeof(char *));
     PyObject *out = NULL;
-    if (!keys || !items || !found) {
-        PyErr_NoMemory();
+    if (!keys || !found || !dst) {
+        if (keys)
+            PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (get_key(PySequence_Fast_GET_ITEM(seq, i), keys + SFS_KEY_SIZE * i) < 0)
-            goto done;
     int rc;
-    Py_ssize_t bad = -1;
+    size_t bad = 0;
     Py_BEGIN_ALLOW_THREADS
-    rc = batch_lookups(shard, keys, n, items, found, &bad);
+    SFS_GUARDED(rc = SFS_EGONE, (bad = sfs_lookup_batch(shard, keys, (size_t)n, found), rc = SFS_OK));
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK) {
-        if (rc == SFS_ECORRUPT)
-            corrupt_slot(shard);
-        else
-            read_failed(self, rc);
+        read_failed(self, rc);
         goto done;
     }
-    if (!(out = PyList_New(n)))
+    if (bad) {
+        corrupt_slot(shard);
         goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = Py_None;
-        if (found[i]) {
-            if (items[i].size > (uint64_t)PY_SSIZE_T_MAX) {
-                PyErr_NoMemory();
-                Py_CLEAR(out);
-                goto done;
-            }
-            v = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)items[i].size);
-            if (!v) {
-                Py_CLEAR(out);
-                goto done;
-            }
-            items[i].dst = PyBytes_AS_STRING(v);
-        } else {
-            Py_INCREF(v);
-        }
-        PyList_SET_ITEM(out, i, v);
     }
+    if (!(out = batch_results(found, dst, n)))
+        goto done;
     Py_BEGIN_ALLOW_THREADS
-    rc = batch_copies(shard, items, n);
+    SFS_GUARDED(rc = SFS_EGONE, rc = batch_copies(shard, found, dst, n));
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK) {
         read_failed(self, rc);
@@ -449,8 +457,8 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
     }
 done:
     PyMem_Free(keys);
-    PyMem_Free(items);
     PyMem_Free(found);
+    PyMem_Free(dst);
     Py_DECREF(seq);
     reader_unhold(self);
     return out;

@@ -22,6 +22,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 struct sfs_shard {
@@ -339,6 +340,82 @@ int sfs_lookup(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint64_t *
 {
     uint32_t slot;
     return sfs_lookup_slot(s, key, &slot, data_offset, size);
+}
+
+/* Keys a batch's stages run ahead of each other: the slot of key i is
+ * computed and prefetched while the slot of key i - BATCH_AHEAD is read
+ * and the size field of key i - 2 * BATCH_AHEAD resolved, so that the
+ * cache misses of about 2 * BATCH_AHEAD lookups overlap. */
+#define BATCH_AHEAD 8
+/* A group of 8 lookups slower than this waited for the device. */
+#define BATCH_SLOW_NS 20000
+
+static inline void prefetch_range(const uint8_t *p, size_t length)
+{
+    __builtin_prefetch(p, 0, 0);
+    __builtin_prefetch(p + length - 1, 0, 0);
+}
+
+size_t sfs_lookup_batch(const sfs_shard_t *s, const uint8_t *keys, size_t n, sfs_found_t *found)
+{
+    size_t bad = 0;
+    int cold = 0, slow = 0;
+    uint64_t t0 = sfs_now_ns();
+    for (size_t i = 0; i < n + 2 * BATCH_AHEAD; i++) {
+        if (i < n) { /* stage 1: the slot, prefetched */
+            uint32_t slot = sfs_chd_search(&s->chd, keys + SFS_KEY_SIZE * i, SFS_KEY_SIZE);
+            found[i].slot = slot;
+            if (slot < s->slots)
+                prefetch_range(slot_ptr(s, slot), SFS_SLOT_SIZE);
+        }
+        if (i >= BATCH_AHEAD && i - BATCH_AHEAD < n) { /* stage 2: the slot's key and offset */
+            sfs_found_t *f = &found[i - BATCH_AHEAD];
+            const uint8_t *key = keys + SFS_KEY_SIZE * (i - BATCH_AHEAD);
+            f->data_offset = f->size = 0;
+            if (f->slot >= s->slots) {
+                f->status = SFS_ECORRUPT;
+                bad++;
+            } else {
+                const uint8_t *p = slot_ptr(s, f->slot);
+                uint64_t offset = be64(p + SFS_KEY_SIZE);
+                if (offset == SFS_EMPTY_OFFSET || memcmp(p, key, SFS_KEY_SIZE) != 0) {
+                    f->status = SFS_ENOTFOUND;
+                } else {
+                    f->status = SFS_OK;
+                    f->data_offset = offset; /* of the size field, until stage 3 */
+                    if (size_field_ok(s, offset)) {
+                        if (cold)
+                            posix_fadvise(s->fd, (off_t)offset, 4096, POSIX_FADV_WILLNEED);
+                        else
+                            prefetch_range(s->map + offset, 8);
+                    }
+                }
+            }
+        }
+        if (i >= 2 * BATCH_AHEAD) { /* stage 3: the size field */
+            sfs_found_t *f = &found[i - 2 * BATCH_AHEAD];
+            if (f->status == SFS_OK &&
+                resolve(s, f->data_offset, &f->data_offset, &f->size) != SFS_OK) {
+                f->status = SFS_ECORRUPT;
+                f->data_offset = f->size = 0;
+                bad++;
+            }
+        }
+        if (!cold && (i & 7) == 7) {
+            uint64_t t = sfs_now_ns();
+            /* two slow groups in a row: the device is waited on (one alone
+             * may be this thread losing its core), so every remaining slot
+             * is asked for at once */
+            slow = t - t0 > BATCH_SLOW_NS ? slow + 1 : 0;
+            if (slow == 2) {
+                cold = 1;
+                for (size_t j = i + 1; j < n; j++)
+                    sfs_prefetch_slot(s, keys + SFS_KEY_SIZE * j);
+            }
+            t0 = t;
+        }
+    }
+    return bad;
 }
 
 /* Copy from the page cache only (preadv2 RWF_NOWAIT). */

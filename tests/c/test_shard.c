@@ -3,7 +3,7 @@
  *
  * Builds real shards in a temporary directory and checks: round trips,
  * our CHD_PH evaluator against cmph's own cmph_search (present and absent
- * keys), duplicates, empty shards, delete, concurrent readers, and that
+ * keys), batch lookups against single ones, duplicates, empty shards, delete, concurrent readers, and that
  * truncated or corrupted files are rejected without crashing.
  */
 #define _GNU_SOURCE
@@ -84,6 +84,38 @@ static void compare_with_cmph(sfs_shard_t *s, uint8_t (*keys)[32], uint64_t n)
     cmph_destroy(mph);
 }
 
+/* sfs_lookup_batch gives, for keys present and absent in any order and
+ * any count (shorter and longer than its pipeline), what sfs_lookup_slot
+ * gives for each key alone. */
+static void compare_batch(sfs_shard_t *s, uint8_t (*keys)[32], uint64_t n)
+{
+    uint64_t m = 2 * n + 3; /* each key, then an absent key; 3 more absent */
+    uint8_t(*batch)[32] = malloc(m * 32);
+    sfs_found_t *found = malloc(m * sizeof(*found));
+    for (uint64_t i = 0; i < m; i++) {
+        if (i % 2 == 0 && i / 2 < n)
+            memcpy(batch[i], keys[i / 2], 32);
+        else
+            rand_key(batch[i]);
+    }
+    uint64_t mismatches = 0;
+    for (uint64_t len = 0; len <= m; len = len < 40 ? len + 1 : (len == m ? m + 1 : m)) {
+        size_t bad = sfs_lookup_batch(s, (const uint8_t *)batch, len, found);
+        mismatches += bad != 0;
+        for (uint64_t i = 0; i < len; i++) {
+            uint32_t slot;
+            uint64_t off = 0, size = 0;
+            int rc = sfs_lookup_slot(s, batch[i], &slot, &off, &size);
+            mismatches += found[i].status != rc || found[i].slot != slot ||
+                          (rc == SFS_OK && (found[i].data_offset != off || found[i].size != size));
+        }
+    }
+    CHECK(mismatches == 0, "sfs_lookup_batch: %llu answers differ from sfs_lookup_slot (n=%llu)",
+          (unsigned long long)mismatches, (unsigned long long)n);
+    free(batch);
+    free(found);
+}
+
 static void test_round_trip(uint64_t n)
 {
     uint8_t(*keys)[32] = malloc((n ? n : 1) * 32);
@@ -130,6 +162,7 @@ static void test_round_trip(uint64_t n)
     CHECK(sfs_lookup(s, zero, &off, &size) == SFS_ENOTFOUND, "zero key is not found");
     CHECK(sfs_check(s, NULL, NULL, 0) == 0, "check clean");
     compare_with_cmph(s, keys, n);
+    compare_batch(s, keys, n);
     sfs_close(s);
     free(keys);
     free(p);
@@ -247,6 +280,9 @@ static void test_delete(void)
         all_zero &= bytes[i] == 0;
     CHECK(all_zero, "object bytes zeroed");
     CHECK(sfs_lookup(s, keys[4], &off, &size) == SFS_OK, "others remain");
+    sfs_found_t found[50];
+    CHECK(sfs_lookup_batch(s, (const uint8_t *)keys, n, found) == 0, "batch after a delete");
+    CHECK(found[3].status == SFS_ENOTFOUND && found[4].status == SFS_OK, "batch: deleted is gone");
     sfs_close(s);
     free(keys);
     free(p);

@@ -268,10 +268,10 @@ def test_get_batch_answers_as_get_in_order(tmp_path, objects):
         s.get_batch(keys[:1])  # closed
 
 
-def test_get_batch_of_a_cold_shard(tmp_path):
-    """Objects evicted from the page cache: the batch's first device wait
-    makes it prefetch the rest, and every object reads back whole."""
-    rnd = random.Random(8)
+def cold_shard(tmp_path, seed=8):
+    """A shard of 600 objects of 100 B, 5 kB or 70 kB, evicted from the page
+    cache (checked: not a tmpfs): (path, {key: bytes}, keys shuffled)."""
+    rnd = random.Random(seed)
     objects = [rnd.randbytes(rnd.choice((100, 5000, 70000))) for _ in range(600)]
     path = tmp_path / "cold.shard"
     expected = build(path, objects)
@@ -285,8 +285,70 @@ def test_get_batch_of_a_cold_shard(tmp_path):
             os.preadv(fd, [bytearray(4096)], os.path.getsize(path) // 2, os.RWF_NOWAIT)
     finally:
         os.close(fd)
+    return path, expected, keys
+
+
+def test_get_batch_of_a_cold_shard(tmp_path):
+    """Objects evicted from the page cache: the batch's first device wait
+    makes it prefetch the rest, and every object reads back whole."""
+    path, expected, keys = cold_shard(tmp_path)
     with Shard(path) as s:
         assert s.get_batch(keys) == [expected[k] for k in keys]
+
+
+def test_single_lookups_release_the_gil_only_once_one_waited(tmp_path):
+    """read/locate/find keep the GIL while lookups are served from memory,
+    release it once one waited for the device, and keep it again after 64
+    fast ones in a row; the answers are the same either way."""
+    path, expected, keys = cold_shard(tmp_path)
+    with Shard(path) as s:
+        r = s.reader
+        assert not r.releases_gil
+        assert s[keys[0]] == expected[keys[0]]  # a device read: slow
+        assert r.releases_gil
+        path.read_bytes()  # now all cached: fast
+        calls = 0  # a call that lost its core counts as slow: allow many runs
+        while r.releases_gil and calls < 6400:
+            k = keys[calls % len(keys)]
+            assert s.locate(k)[1] == len(expected[k])
+            calls += 1
+        assert not r.releases_gil and calls >= 64
+        for k in keys:
+            assert s[k] == expected[k] and s.find(k)[2] == len(expected[k])
+
+
+@pytest.mark.parametrize("call", ["read", "locate", "find"])
+def test_single_lookups_and_close_from_another_thread(tmp_path, call):
+    """close() while another thread's lookups wait for the device with the
+    GIL released: each call ends with a right answer (the shard stays
+    open until it returns), later ones raise ValueError, nothing crashes."""
+    path, expected, keys = cold_shard(tmp_path, seed=9)
+    s = Shard(path)
+    check = {
+        "read": lambda k: s[k] == expected[k],
+        "locate": lambda k: s.locate(k)[1] == len(expected[k]),
+        "find": lambda k: s.find(k)[2] == len(expected[k]),
+    }[call]
+    results, errors = [], []
+    started = threading.Event()
+
+    def reader():
+        try:
+            for k in keys * 50:
+                results.append(check(k))
+                started.set()
+        except ValueError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert started.wait(10)
+    s.close()
+    t.join(30)
+    assert not t.is_alive() and errors == []
+    assert results and all(results)
 
 
 def test_get_batch_corrupt_slot(tmp_path, objects):

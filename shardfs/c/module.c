@@ -72,8 +72,10 @@ static int get_key(PyObject *obj, uint8_t key[SFS_KEY_SIZE])
 typedef struct {
     PyObject_HEAD
     sfs_shard_t *shard;
-    Py_ssize_t users; /* OpenShards entries holding it */
+    Py_ssize_t users; /* holders: OpenShards entries, calls running without the GIL */
     int closed;       /* close() called; the shard stays open while users > 0 */
+    int gil_free;     /* single-key calls release the GIL (see lookup_begin) */
+    int fast_run;     /* calls in a row that were fast since gil_free was set */
 } Reader;
 
 /* Hold the reader's shard open (Reader.users) while its memory may be read
@@ -193,6 +195,11 @@ static PyObject *Reader_fileno(Reader *self, PyObject *unused)
     return PyLong_FromLong(sfs_fd(self->shard));
 }
 
+static PyObject *Reader_releases_gil(Reader *self, void *closure)
+{
+    return PyBool_FromLong(self->gil_free);
+}
+
 static PyObject *Reader_closed(Reader *self, void *closure)
 {
     return PyBool_FromLong(self->shard == NULL || self->closed);
@@ -218,6 +225,56 @@ static PyObject *corrupt_slot(const sfs_shard_t *shard)
     return NULL;
 }
 
+/* How a single-key call (read, locate, find) runs. A lookup served from
+ * the page cache costs about 0.2 us, less than letting the GIL go to
+ * another thread and taking it back: releasing it around every lookup made
+ * two threads slower together than one alone. So these calls keep the GIL
+ * while the reader's recent calls were fast. Once one takes over
+ * LOOKUP_SLOW_NS (it waited for the device, or lost its core), the
+ * reader's calls release the GIL (holding the shard: reader_hold), so that
+ * other threads run during device waits, until LOOKUP_FAST_RUN calls in a
+ * row were fast again. Timing costs two vDSO clock reads (~50 ns). */
+#define LOOKUP_SLOW_NS 20000
+#define LOOKUP_FAST_RUN 64
+
+typedef struct {
+    PyThreadState *saved; /* the GIL was released (and the shard held) */
+    uint64_t t0;
+} lookup_call_t;
+
+static void lookup_begin(Reader *self, lookup_call_t *c)
+{
+    c->saved = NULL;
+    if (self->gil_free) {
+        reader_hold(self);
+        c->saved = PyEval_SaveThread();
+    }
+    c->t0 = sfs_now_ns();
+}
+
+/* After the lookup: the GIL taken back, the reader's mode updated. The
+ * shard stays held until lookup_done, so that errors can name it. */
+static void lookup_end(Reader *self, lookup_call_t *c)
+{
+    int slow = sfs_now_ns() - c->t0 > LOOKUP_SLOW_NS;
+    if (c->saved)
+        PyEval_RestoreThread(c->saved);
+    if (slow) {
+        self->gil_free = 1;
+        self->fast_run = 0;
+    } else if (self->gil_free && ++self->fast_run >= LOOKUP_FAST_RUN) {
+        self->gil_free = 0;
+    }
+}
+
+/* Once the call's result (or exception) is built: the shard let go. */
+static PyObject *lookup_done(Reader *self, lookup_call_t *c, PyObject *result)
+{
+    if (c->saved)
+        reader_unhold(self);
+    return result;
+}
+
 /* locate(key) -> (data_offset, size) or None */
 static PyObject *Reader_locate(Reader *self, PyObject *arg)
 {
@@ -226,16 +283,20 @@ static PyObject *Reader_locate(Reader *self, PyObject *arg)
         return NULL;
     uint64_t off = 0, size = 0;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
+    lookup_call_t c;
+    lookup_begin(self, &c);
     SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(self->shard, key, &off, &size));
-    Py_END_ALLOW_THREADS
+    lookup_end(self, &c);
+    PyObject *out;
     if (rc == SFS_ENOTFOUND)
-        Py_RETURN_NONE;
-    if (rc == SFS_EGONE)
-        return gone(sfs_path(self->shard));
-    if (rc != SFS_OK)
-        return corrupt_slot(self->shard);
-    return Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)size);
+        out = Py_NewRef(Py_None);
+    else if (rc == SFS_EGONE)
+        out = gone(sfs_path(self->shard));
+    else if (rc != SFS_OK)
+        out = corrupt_slot(self->shard);
+    else
+        out = Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)size);
+    return lookup_done(self, &c, out);
 }
 
 /* The exception for a failed sfs_read (errno still set for SFS_EIO). */
@@ -264,35 +325,25 @@ static PyObject *copy_out(Reader *self, uint64_t off, uint64_t size)
     if (!out)
         return NULL;
     int rc;
+    sfs_shard_t *shard = reader_hold(self);
     Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_read(self->shard, off, PyBytes_AS_STRING(out), (size_t)size));
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_read(shard, off, PyBytes_AS_STRING(out), (size_t)size));
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK) {
         Py_DECREF(out);
-        return read_failed(self, rc);
+        out = read_failed(self, rc);
     }
+    reader_unhold(self);
     return out;
 }
 
-/* Objects up to this size are copied to a stack buffer inside the same
- * GIL-released section as the lookup: one release per call instead of two
- * (each release/acquire pair costs more than copying 16 KiB twice). */
+/* Objects up to this size are copied to a stack buffer together with the
+ * lookup (in the same GIL-released section when the GIL is released);
+ * larger ones are copied by copy_out, with the GIL released. */
 #define SMALL_OBJECT 16384
 
-/* read(key) -> bytes or None */
-static PyObject *Reader_read(Reader *self, PyObject *arg)
+static PyObject *read_result(Reader *self, int rc, uint64_t off, uint64_t size, const char *small)
 {
-    uint8_t key[SFS_KEY_SIZE];
-    if (!reader_ready(self) || get_key(arg, key) < 0)
-        return NULL;
-    uint64_t off = 0, size = 0;
-    char small[SMALL_OBJECT];
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(self->shard, key, &off, &size);
-                if (rc == SFS_OK && size <= SMALL_OBJECT)
-                    rc = sfs_read(self->shard, off, small, (size_t)size));
-    Py_END_ALLOW_THREADS
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_NONE;
     if (rc == SFS_EGONE)
@@ -304,6 +355,24 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     if (size <= SMALL_OBJECT)
         return PyBytes_FromStringAndSize(small, (Py_ssize_t)size);
     return copy_out(self, off, size);
+}
+
+/* read(key) -> bytes or None */
+static PyObject *Reader_read(Reader *self, PyObject *arg)
+{
+    uint8_t key[SFS_KEY_SIZE];
+    if (!reader_ready(self) || get_key(arg, key) < 0)
+        return NULL;
+    uint64_t off = 0, size = 0;
+    char small[SMALL_OBJECT];
+    int rc;
+    lookup_call_t c;
+    lookup_begin(self, &c);
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(self->shard, key, &off, &size);
+                if (rc == SFS_OK && size <= SMALL_OBJECT)
+                    rc = sfs_read(self->shard, off, small, (size_t)size));
+    lookup_end(self, &c);
+    return lookup_done(self, &c, read_result(self, rc, off, size, small));
 }
 
 /* A copy of a large object, or 8 copies of small ones, that took longer
@@ -478,25 +547,29 @@ static PyObject *Reader_find(Reader *self, PyObject *args)
     uint64_t off = 0, size = 0;
     uint32_t slot = 0;
     int rc;
-    if (nowait) {
+    lookup_call_t c = {NULL, 0};
+    if (nowait) { /* cannot block: the GIL is kept */
         SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_nowait(self->shard, key, &slot, &off, &size));
         if (rc == SFS_EAGAIN) {
             PyErr_SetString(PyExc_BlockingIOError, "not in the page cache");
             return NULL;
         }
     } else {
-        Py_BEGIN_ALLOW_THREADS
+        lookup_begin(self, &c);
         SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(self->shard, key, &slot, &off, &size));
-        Py_END_ALLOW_THREADS
+        lookup_end(self, &c);
     }
+    PyObject *out;
     if (rc == SFS_ENOTFOUND)
-        Py_RETURN_NONE;
-    if (rc == SFS_EGONE)
-        return gone(sfs_path(self->shard));
-    if (rc != SFS_OK)
-        return corrupt_slot(self->shard);
-    return Py_BuildValue("(kKK)", (unsigned long)slot, (unsigned long long)off,
-                         (unsigned long long)size);
+        out = Py_NewRef(Py_None);
+    else if (rc == SFS_EGONE)
+        out = gone(sfs_path(self->shard));
+    else if (rc != SFS_OK)
+        out = corrupt_slot(self->shard);
+    else
+        out = Py_BuildValue("(kKK)", (unsigned long)slot, (unsigned long long)off,
+                            (unsigned long long)size);
+    return lookup_done(self, &c, out);
 }
 
 /* try_pread(data_offset, size, offset, length) -> bytes from the page cache
@@ -661,12 +734,13 @@ static PyObject *Reader_live_count(Reader *self, PyObject *unused)
         return NULL;
     uint64_t n = 0;
     int rc = SFS_OK;
+    sfs_shard_t *shard = reader_hold(self);
     Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, n = sfs_live_count(self->shard));
+    SFS_GUARDED(rc = SFS_EGONE, n = sfs_live_count(shard));
     Py_END_ALLOW_THREADS
-    if (rc == SFS_EGONE)
-        return gone(sfs_path(self->shard));
-    return PyLong_FromUnsignedLongLong(n);
+    PyObject *out = rc == SFS_EGONE ? gone(sfs_path(shard)) : PyLong_FromUnsignedLongLong(n);
+    reader_unhold(self);
+    return out;
 }
 
 typedef struct {
@@ -699,10 +773,12 @@ static PyObject *Reader_check(Reader *self, PyObject *args)
     report_buf r = {0};
     uint64_t problems = 0;
     int rc = SFS_OK;
+    sfs_shard_t *shard = reader_hold(self);
     Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, problems = sfs_check(self->shard, collect, &r, max_reports));
+    SFS_GUARDED(rc = SFS_EGONE, problems = sfs_check(shard, collect, &r, max_reports));
     Py_END_ALLOW_THREADS
-    PyObject *list = rc == SFS_EGONE ? gone(sfs_path(self->shard)) : PyList_New(0);
+    PyObject *list = rc == SFS_EGONE ? gone(sfs_path(shard)) : PyList_New(0);
+    reader_unhold(self);
     for (size_t i = 0; i < r.count; i++) {
         if (list) {
             PyObject *s = PyUnicode_DecodeUTF8(r.messages[i], strlen(r.messages[i]), "replace");
@@ -728,11 +804,13 @@ static PyObject *Reader_delete(Reader *self, PyObject *arg)
         return NULL;
     sfs_error_t err;
     int rc;
+    sfs_shard_t *shard = reader_hold(self);
     Py_BEGIN_ALLOW_THREADS
     SFS_GUARDED(rc = sfs_fail(&err, SFS_EIO, EIO, "%s: the file shrank under its mapping",
-                              sfs_path(self->shard)),
-                rc = sfs_delete(self->shard, key, &err));
+                              sfs_path(shard)),
+                rc = sfs_delete(shard, key, &err));
     Py_END_ALLOW_THREADS
+    reader_unhold(self);
     if (rc == SFS_ENOTFOUND)
         Py_RETURN_FALSE;
     if (rc != SFS_OK)
@@ -780,6 +858,9 @@ static PyGetSetDef Reader_getset[] = {
     {"slot_count", (getter)Reader_slot_count, NULL, "Slots in the index.", NULL},
     {"extent", (getter)Reader_extent, NULL, "Bytes used by the shard (end of the hash).", NULL},
     {"hash_size", (getter)Reader_hash_size, NULL, "Bytes of the perfect hash section.", NULL},
+    {"releases_gil", (getter)Reader_releases_gil, NULL,
+     "True while read/locate/find release the GIL: since one of them waited (over 20 us), "
+     "until 64 in a row were fast", NULL},
     {"closed", (getter)Reader_closed, NULL, "True after close().", NULL},
     {NULL},
 };

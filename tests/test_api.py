@@ -1,6 +1,7 @@
 """The Python API over real shards: round trips, keys, edge cases, threads."""
 
 import hashlib
+import itertools
 import os
 import random
 import subprocess
@@ -317,25 +318,18 @@ def test_single_lookups_release_the_gil_only_once_one_waited(tmp_path):
             assert s[k] == expected[k] and s.find(k)[2] == len(expected[k])
 
 
-@pytest.mark.parametrize("call", ["read", "locate", "find"])
-def test_single_lookups_and_close_from_another_thread(tmp_path, call):
-    """close() while another thread's lookups wait for the device with the
-    GIL released: each call ends with a right answer (the shard stays
-    open until it returns), later ones raise ValueError, nothing crashes."""
-    path, expected, keys = cold_shard(tmp_path, seed=9)
-    s = Shard(path)
-    check = {
-        "read": lambda k: s[k] == expected[k],
-        "locate": lambda k: s.locate(k)[1] == len(expected[k]),
-        "find": lambda k: s.find(k)[2] == len(expected[k]),
-    }[call]
+def close_while_reading(s, calls):
+    """Run the checks of ``calls`` (an iterable of callables answering
+    True when right) in another thread, close ``s`` once one has returned,
+    and check: each answered right until one raised ValueError (closed),
+    nothing else was raised, nothing crashed or hung."""
     results, errors = [], []
     started = threading.Event()
 
     def reader():
         try:
-            for k in keys * 50:
-                results.append(check(k))
+            for call in calls:
+                results.append(call())
                 started.set()
         except ValueError:
             pass
@@ -349,6 +343,22 @@ def test_single_lookups_and_close_from_another_thread(tmp_path, call):
     t.join(30)
     assert not t.is_alive() and errors == []
     assert results and all(results)
+    assert s.closed
+
+
+@pytest.mark.parametrize("call", ["read", "locate", "find"])
+def test_single_lookups_and_close_from_another_thread(tmp_path, call):
+    """close() while another thread's lookups wait for the device with the
+    GIL released: each call ends with a right answer (the shard stays
+    open until it returns), later ones raise ValueError, nothing crashes."""
+    path, expected, keys = cold_shard(tmp_path, seed=9)
+    s = Shard(path)
+    check = {
+        "read": lambda k: s[k] == expected[k],
+        "locate": lambda k: s.locate(k)[1] == len(expected[k]),
+        "find": lambda k: s.find(k)[2] == len(expected[k]),
+    }[call]
+    close_while_reading(s, (lambda k=k: check(k) for k in keys * 50))
 
 
 def test_get_batch_corrupt_slot(tmp_path, objects):
@@ -375,25 +385,5 @@ def test_get_batch_and_close_from_another_thread(tmp_path, objects):
     expected = build(path, objects)
     keys = list(expected) * 20
     s = Shard(path)
-    results, errors = [], []
-    started = threading.Event()
-
-    def reader():
-        try:
-            while True:
-                started.set()
-                got = s.get_batch(keys)
-                results.append(got == [expected[k] for k in keys])
-        except ValueError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(repr(exc))
-
-    t = threading.Thread(target=reader)
-    t.start()
-    started.wait(10)
-    s.close()
-    t.join(30)
-    assert not t.is_alive() and errors == []
-    assert all(results)
-    assert s.closed
+    batch = lambda: s.get_batch(keys) == [expected[k] for k in keys]  # noqa: E731
+    close_while_reading(s, itertools.repeat(batch))

@@ -275,6 +275,20 @@ static PyObject *lookup_done(Reader *self, lookup_call_t *c, PyObject *result)
     return result;
 }
 
+static PyObject *read_failed(Reader *self, int rc);
+
+/* What a lookup that did not give SFS_OK answers: None (a new reference)
+ * for an absent key, else NULL with the exception: OSError for a file that
+ * shrank or could not be read, CorruptShardError for a corrupt slot. */
+static PyObject *lookup_failed(Reader *self, int rc)
+{
+    if (rc == SFS_ENOTFOUND)
+        return Py_NewRef(Py_None);
+    if (rc == SFS_EGONE || rc == SFS_EIO)
+        return read_failed(self, rc);
+    return corrupt_slot(self->shard);
+}
+
 /* locate(key) -> (data_offset, size) or None */
 static PyObject *Reader_locate(Reader *self, PyObject *arg)
 {
@@ -287,15 +301,9 @@ static PyObject *Reader_locate(Reader *self, PyObject *arg)
     lookup_begin(self, &c);
     SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(self->shard, key, &off, &size));
     lookup_end(self, &c);
-    PyObject *out;
-    if (rc == SFS_ENOTFOUND)
-        out = Py_NewRef(Py_None);
-    else if (rc == SFS_EGONE)
-        out = gone(sfs_path(self->shard));
-    else if (rc != SFS_OK)
-        out = corrupt_slot(self->shard);
-    else
-        out = Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)size);
+    PyObject *out = rc != SFS_OK ? lookup_failed(self, rc)
+                                 : Py_BuildValue("(KK)", (unsigned long long)off,
+                                                 (unsigned long long)size);
     return lookup_done(self, &c, out);
 }
 
@@ -344,14 +352,8 @@ static PyObject *copy_out(Reader *self, uint64_t off, uint64_t size)
 
 static PyObject *read_result(Reader *self, int rc, uint64_t off, uint64_t size, const char *small)
 {
-    if (rc == SFS_ENOTFOUND)
-        Py_RETURN_NONE;
-    if (rc == SFS_EGONE)
-        return gone(sfs_path(self->shard));
-    if (rc == SFS_EIO)
-        return read_failed(self, rc);
     if (rc != SFS_OK)
-        return corrupt_slot(self->shard);
+        return lookup_failed(self, rc);
     if (size <= SMALL_OBJECT)
         return PyBytes_FromStringAndSize(small, (Py_ssize_t)size);
     return copy_out(self, off, size);
@@ -559,16 +561,9 @@ static PyObject *Reader_find(Reader *self, PyObject *args)
         SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(self->shard, key, &slot, &off, &size));
         lookup_end(self, &c);
     }
-    PyObject *out;
-    if (rc == SFS_ENOTFOUND)
-        out = Py_NewRef(Py_None);
-    else if (rc == SFS_EGONE)
-        out = gone(sfs_path(self->shard));
-    else if (rc != SFS_OK)
-        out = corrupt_slot(self->shard);
-    else
-        out = Py_BuildValue("(kKK)", (unsigned long)slot, (unsigned long long)off,
-                            (unsigned long long)size);
+    PyObject *out = rc != SFS_OK ? lookup_failed(self, rc)
+                                 : Py_BuildValue("(kKK)", (unsigned long)slot,
+                                                 (unsigned long long)off, (unsigned long long)size);
     return lookup_done(self, &c, out);
 }
 

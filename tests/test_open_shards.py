@@ -307,6 +307,20 @@ def test_shard_set_find_uses_the_table_and_keeps_its_bound(level, tmp_path):
             assert len(ss.open_table) <= 4 and len(ss.open_shards) <= 4
     assert ss.probes == ss.lookups == sum(len(ks) for ks in keys)
     assert ss.find(sha(b"absent")) is None and ss.probes == ss.lookups - 1
+    # get_batch: each key's bytes from the shard find answers, in order.
+    batch = [k for ks in keys for k in ks] + [sha(b"absent")]
+    batch = batch[::-1] + batch[:3]
+    want = []
+    for k in batch:
+        answer = ss.find(k)
+        want.append(None if answer is None else shards[members.index(answer[0])].pread(
+            answer[2], answer[3], 0, answer[3]))
+    assert ss.get_batch(batch) == want and want.count(None) == 1
+    assert ss.get_batch(k.hex() for k in batch[:5]) == want[:5]
+    assert ss.get_batch([]) == []
+    with pytest.raises(ValueError):
+        ss.get_batch([batch[0], b"short"])
+    assert len(ss.open_table) <= 4 and len(ss.open_shards) <= 4
     # A removed shard is no longer probed, even while it stays open.
     ss.remove(members[1])
     assert ss.find(keys[1][0]) is None

@@ -37,9 +37,9 @@ import resource
 import stat
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from shardfs import Shard
+from shardfs import Shard, normalize_key
 from shardfs import sidecar as sidecar_mod
 from shardfs._shardfs import OpenShards, SidecarSet
 from shardfs.errors import ShardError
@@ -638,6 +638,32 @@ class ShardSet:
         if count:
             self.lookups += 1
         return answer
+
+    def get_batch(self, keys: Iterable) -> List[Optional[bytes]]:
+        """The bytes of each key's object in the first served shard holding
+        it (the shard `find` answers), or None where no shard holds it, in
+        the order of `keys` (an iterable of keys as `shardfs.Shard.get`
+        takes them: 32 bytes, or 64 hex digits as str or bytes).
+
+        Each key is found with `find`; then the objects of each shard are
+        copied with one `Shard.get_batch` call (GIL released, copies
+        prefetched). An object deleted between the two answers None, as it
+        would a moment later. Raises ValueError for a malformed key (before
+        any lookup), CorruptShardError for a corrupt slot, OSError when a
+        shard cannot be read.
+        """
+        raws = [normalize_key(k) for k in keys]
+        out: List[Optional[bytes]] = [None] * len(raws)
+        groups: Dict[int, Tuple[MountedShard, List[int]]] = {}
+        for i, key in enumerate(raws):
+            answer = self.find(key)
+            if answer is not None:
+                groups.setdefault(answer[0].number, (answer[0], []))[1].append(i)
+        for member, where in groups.values():
+            datas = self.open_shard(member).get_batch([raws[i] for i in where])
+            for i, data in zip(where, datas):
+                out[i] = data
+        return out
 
     # --------------------------------------------------------- directory
 

@@ -63,7 +63,49 @@ int sfs_chd_parse(sfs_chd_t *chd, const uint8_t *buf, uint64_t len, char *why, s
  * inconsistent for this query (impossible after a successful parse). */
 uint32_t sfs_chd_search(const sfs_chd_t *chd, const uint8_t *key, uint32_t keylen);
 
-/* cmph's jenkins hash vector for a key (exposed for tests). */
+/* cmph's jenkins hash vector for a key (the builder's and tests'). */
 void sfs_chd_jenkins(uint32_t seed, const uint8_t *key, uint32_t keylen, uint32_t out[3]);
+
+/* ----------------------------------------------------------------- build
+ * chd_build.c: a CHD_PH function over a key set, written as cmph_dump()
+ * bytes without cmph (shapes, encoding, seeds and errors: its header). */
+
+#define SFS_CHD_MAX_KEYS 4000000000u /* n = keys / 0.99 + ... must fit a u32 */
+
+enum {
+    SFS_CHD_BUILD_OK = 0,
+    SFS_CHD_BUILD_NOMEM = -1,  /* an allocation failed */
+    SFS_CHD_BUILD_EINVAL = -2, /* 0 keys, or more than SFS_CHD_MAX_KEYS */
+    SFS_CHD_BUILD_FAILED = -3, /* no seed worked (duplicate keys?) */
+};
+
+/* Key i (0 <= i < nkeys) of the set: keylen bytes, valid until the next call. */
+typedef const uint8_t *(*sfs_chd_key_fn)(void *ctx, uint32_t i);
+
+typedef struct sfs_chd_build_opts {
+    uint32_t first_seed; /* index in the seed sequence of the first seed tried (0) */
+    uint32_t max_seeds;  /* seeds tried before SFS_CHD_BUILD_FAILED (0: 100) */
+} sfs_chd_build_opts_t;
+
+typedef struct sfs_chd_built {
+    uint8_t *dump;        /* malloc'ed; the caller frees it */
+    size_t dump_len;      /* bytes */
+    uint32_t seed;        /* the jenkins seed of the function */
+    uint32_t seeds_tried; /* 1 when the first seed worked */
+    uint32_t n, nbuckets; /* slots and buckets */
+} sfs_chd_built_t;
+
+/* Build over nkeys distinct keys; opts may be NULL. Returns SFS_CHD_BUILD_*,
+ * with a sentence in why on failure (nothing to free then). */
+int sfs_chd_build(sfs_chd_key_fn key_at, void *ctx, uint64_t nkeys, uint32_t keylen,
+                  const sfs_chd_build_opts_t *opts, sfs_chd_built_t *out, char *why,
+                  size_t why_size);
+
+/* Slots (n) and buckets of a function over nkeys keys, as cmph 2.0.2 sizes
+ * them for load factor 0.99 and b = 4. -1 if nkeys is out of range. */
+int sfs_chd_build_shape(uint64_t nkeys, uint32_t *n, uint32_t *nbuckets);
+
+/* Seed number k of the builder's sequence. */
+uint32_t sfs_chd_build_seed(uint32_t k);
 
 #endif

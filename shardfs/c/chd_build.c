@@ -73,9 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef KEYS_PER_BUCKET
-#define KEYS_PER_BUCKET 4
-#endif
+#define KEYS_PER_BUCKET 2 /* b; docs/build.md: why 2 and not cmph's 4 */
 #define LOAD_FACTOR 0.99
 #define MAX_PROBES (1u << 20)
 #define DEFAULT_MAX_SEEDS 100
@@ -260,38 +258,62 @@ static inline uint32_t slot_at(const build_t *b, item_t it, uint32_t d0, uint32_
     return fastmod(b->mod_n, it.f + (uint64_t)it.h * d0 + d1);
 }
 
+/* Mark the slots of items it[from..s) at probe (d0, d1) if all are free
+ * (and distinct); 1 when done, else 0 with nothing marked. */
+static int take_rest(build_t *b, const item_t *it, uint32_t from, uint32_t s, uint32_t d0,
+                     uint32_t d1)
+{
+    uint32_t k = from;
+    for (; k < s; k++) {
+        uint32_t p = slot_at(b, it[k], d0, d1);
+        if (test_bit(b->occupied, p))
+            break;
+        set_bit(b->occupied, p);
+    }
+    if (k == s)
+        return 1;
+    while (k-- > from)
+        clear_bit(b->occupied, slot_at(b, it[k], d0, d1));
+    return 0;
+}
+
 /* Place the s items of one bucket at their smallest free probe; on success
- * their slots are marked and the probe is returned, else UINT32_MAX. The
- * first item's slot follows the probes by additions only; the others are
- * computed when it is free. */
+ * their slots are marked and the probe is returned, else UINT32_MAX.
+ *
+ * The slots of the first two items follow the probes by additions only
+ * (slot + h, minus n past the end) and are tested together: at high load
+ * "both free" is rare, so the loop's branch is well predicted; the other
+ * items are computed only then. */
 static uint32_t place(build_t *b, const item_t *it, uint32_t s)
 {
-    const uint32_t n = b->n, h0 = it[0].h;
-    uint64_t *occ = b->occupied;
-    uint32_t d0 = 0, d1 = 0, p0 = it[0].f;
+    const uint32_t n = b->n;
+    const uint64_t *occ = b->occupied;
+    const uint32_t h0 = it[0].h, h1 = s > 1 ? it[1].h : 0;
+    uint32_t d0 = 0, d1 = 0, p0 = it[0].f, p1 = s > 1 ? it[1].f : 0;
     for (uint32_t probe = 0; probe < MAX_PROBES; probe++) {
-        if (!test_bit(occ, p0)) {
-            uint32_t k = 1;
-            set_bit(occ, p0);
-            for (; k < s; k++) {
-                uint32_t p = slot_at(b, it[k], d0, d1);
-                if (test_bit(occ, p))
-                    break;
-                set_bit(occ, p);
-            }
-            if (k == s)
+        uint64_t busy = test_bit(occ, p0);
+        if (s > 1)
+            busy |= test_bit(occ, p1) | (p0 == p1);
+        if (!busy) {
+            set_bit(b->occupied, p0);
+            if (s > 1)
+                set_bit(b->occupied, p1);
+            if (s <= 2 || take_rest(b, it, 2, s, d0, d1))
                 return probe;
-            while (k--) /* undo */
-                clear_bit(occ, k ? slot_at(b, it[k], d0, d1) : p0);
+            clear_bit(b->occupied, p0);
+            clear_bit(b->occupied, p1);
         }
         /* next probe: d0 + 1, or d1 + 1 when d0 wraps */
         p0 += h0;
         p0 -= p0 >= n ? n : 0;
+        p1 += h1;
+        p1 -= p1 >= n ? n : 0;
         if (++d0 == n) {
             d0 = 0;
             if (++d1 == n)
                 return UINT32_MAX;
             p0 = slot_at(b, it[0], 0, d1);
+            p1 = s > 1 ? slot_at(b, it[1], 0, d1) : 0;
         }
     }
     return UINT32_MAX;
@@ -356,7 +378,11 @@ static uint8_t *encode(const build_t *b, uint32_t seed, size_t *dump_len)
     uint64_t total_length = 0;
     for (uint32_t i = 0; i < nb; i++)
         total_length += b->disp[i] ? ilog2(b->disp[i] + 1) : 0;
+    /* cmph's choice, but at least 1: with rem_r = 0 cmph's loader allocates
+     * no length_rems words and its queries read one past them. */
     uint32_t rem_r = ilog2((uint32_t)(total_length / nb));
+    if (rem_r == 0)
+        rem_r = 1;
     uint64_t sel_m = total_length >> rem_r;
     uint64_t nbits = (uint64_t)nb + sel_m;
     uint64_t vec_bytes = ((nbits + 31) >> 5) * 4;

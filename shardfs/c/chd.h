@@ -154,8 +154,9 @@ int sfs_chd_build(sfs_chd_key_fn key_at, void *ctx, uint64_t nkeys, uint32_t key
                   const sfs_chd_build_opts_t *opts, sfs_chd_built_t *out, char *why,
                   size_t why_size);
 
-/* Slots (n) and buckets of a function over nkeys keys, as cmph 2.0.2 sizes
- * them for load factor 0.99 and b = 4. -1 if nkeys is out of range. */
+/* Slots (n) and buckets of the function sfs_chd_build makes over nkeys keys
+ * (as cmph 2.0.2 sizes them for load factor 0.99 and b = 2). -1 if nkeys
+ * is out of range. */
 int sfs_chd_build_shape(uint64_t nkeys, uint32_t *n, uint32_t *nbuckets);
 
 /* Seed number k of the builder's sequence. */

@@ -1,68 +1,74 @@
 /*
  * chd_build.c — build a CHD_PH perfect hash function and write it as the
- * bytes cmph_dump() would write, without cmph.
+ * bytes cmph_dump() writes, without cmph.
  *
- * Why: at 1M keys cmph's builder took ~270 ns per key, more than a copy of
- * a shard of tiny objects (docs/build.md has the profile: ~70% of it is the
- * displacement search, each probe a 64-bit division and a bitmap test). This
- * builder makes the same kind of function in a few tens of ns per key. The
- * writer still loads every dump with cmph_load() and checks every key with
- * cmph_search() against our evaluator (writer.c), so a mistake here fails a
- * build, never a reader.
+ * Why: at 1M keys cmph 2.0.2's builder takes ~270-300 ns per key, more than
+ * a copy of a shard of tiny objects; ~70% of that is its displacement
+ * search (34M probes for 1M keys, each a 64-bit division and a bitmap
+ * test). This one takes well under 100 ns per key (docs/build.md: profile,
+ * choices, figures). The writer still parses every dump with our
+ * evaluator, loads it with cmph_load() and checks every key with
+ * cmph_search() against sfs_chd_search() (writer.c), so a mistake here
+ * fails a build, never a reader.
  *
- * Input: nkeys keys of keylen bytes, read through key_at(ctx, i) for i in
- * [0, nkeys) (each key read once per seed tried; keys must be distinct).
- * 1 <= nkeys <= SFS_CHD_MAX_KEYS. Output: a malloc'ed dump (caller frees),
- * readable by cmph_load() and sfs_chd_parse(), whose function maps the keys
- * to distinct slots in [0, n).
+ * Input: nkeys distinct keys of keylen bytes, read through key_at(ctx, i)
+ * for i in [0, nkeys) (each key once per seed tried), 1 <= nkeys <=
+ * SFS_CHD_MAX_KEYS. Output: a malloc'ed dump (the caller frees it) that
+ * cmph_load() and sfs_chd_parse() accept, whose function maps the keys to
+ * distinct slots in [0, n).
  *
- * Shapes, as cmph 2.0.2 computes them for CHD_PH with load factor 0.99,
- * keys_per_bin 1 and b = 4 (chd_ph.c, chd_ph_new), so that an index built
- * with either has the same number of slots:
- *   nbuckets = nkeys / 4 + 1
+ * Shapes. Slots as cmph 2.0.2 computes them for load factor 0.99 and
+ * keys_per_bin 1 (chd_ph.c, chd_ph_new), so an index has as many slots as
+ * with cmph's builder; buckets as cmph computes them for b = 2 (cmph's
+ * cmph_config_set_b accepts 2..14; the writer used 4):
  *   n        = the smallest prime >= (u32)(nkeys / 0.99) + 1 (odd first)
+ *   nbuckets = nkeys / 2 + 1
+ * b = 2 rather than 4: 6x fewer probes in the search (4 keys per bucket
+ * leave buckets of 3 and 4 keys to be placed when the table is 70-90% full)
+ * for a dump of 2.6 bits per key instead of 2.2 (docs/build.md).
  * Per key (cmph's chd_ph_mapping; chd.c evaluates the same):
- *   (h0, h1, h2) = jenkins(seed, key) (chd.c's sfs_chd_jenkins)
+ *   (h0, h1, h2) = jenkins(seed, key) (sfs_chd_jenkins, chd.h)
  *   bucket g = h0 % nbuckets, f = h1 % n, h = h2 % (n - 1) + 1
- * Displacement d of a bucket: probe number p = d1 * n + d0 (d0 < n), every
- * key of the bucket going to slot (f + h * d0 + d1) % n; cmph stores d = p.
- * Buckets are placed largest first (cmph's order: size descending, then
- * bucket number), each at its smallest free probe (cmph's place_buckets1;
- * cmph 2.0.2 uses place_buckets2, which tries probe 0 for every bucket of a
- * size, then probe 1...: a different but equally valid choice; the
- * displacements, hence the dump bytes, may differ from cmph's for the same
- * seed). At most 2^20 probes per bucket, as cmph (max_probes_default).
+ * Displacement of a bucket: a probe number p = d1 * n + d0 (d0 < n), every
+ * key of the bucket going to slot (f + h * d0 + d1) % n; the dump stores p.
+ * Buckets are placed largest first (size descending, then bucket number,
+ * as cmph orders them), each at its smallest probe whose slots are all
+ * free (cmph 2.0.2's place_buckets2 instead tries probe 0 for every bucket
+ * of a size, then probe 1...: a different, equally valid choice), at most
+ * 2^20 probes per bucket (cmph's max_probes_default).
  *
  * Encoding of the displacements (cmph's compressed_seq.c and select.c):
  *   len_i = floor(log2(d_i + 1)) (0 when d_i = 0), value_i = d_i + 1 - 2^len_i
- *   store: the values back to back, value_i in len_i bits at bit sum(len_<i)
- *   total_length = sum(len_i); rem_r = floor(log2(total_length / nbuckets))
- *     (0 when the quotient is 0 or 1)
- *   cum_i = sum(len_<=i); length_rems: cum_i mod 2^rem_r in rem_r bits at bit
- *     i * rem_r; select over the non-decreasing cum_i >> rem_r: one bit
- *     number (cum_i >> rem_r) + i set in a vector of
- *     nbuckets + (total_length >> rem_r) bits, and select_table[j] = the
- *     position of one 128 j for 128 j < nbuckets, (nbuckets >> 7) + 1 words
- *     (unused ones 0).
+ *   store: value_i in len_i bits at bit sum(len_<i)
+ *   total_length = sum(len_i)
+ *   rem_r = floor(log2(total_length / nbuckets)) as cmph, but at least 1:
+ *     with 0, cmph_load() allocates no length_rems words and cmph_search()
+ *     reads one past them (cmph's own dumps have rem_r 0 for tiny sets)
+ *   cum_i = sum(len_<=i); length_rems: cum_i mod 2^rem_r in rem_r bits at
+ *     bit i * rem_r; select over the non-decreasing cum_i >> rem_r: bit
+ *     (cum_i >> rem_r) + i set in a vector of nbuckets + (total_length >>
+ *     rem_r) bits; select_table[j] = the position of set bit number 128 j,
+ *     (nbuckets >> 7) + 1 words (a last unused one stays 0).
  * Bit i of a bit array is bit i % 8 of byte i / 8 (little-endian u32 words
- * as cmph writes them on x86-64). The dump's layout is in chd.h.
+ * as cmph writes them on x86-64). The whole dump's layout is in chd.h.
  *
- * Seeds: seed k of the sequence sfs_chd_build_seed(k), from
- * opts->first_seed on (0 by default; tests start elsewhere to pick a seed
- * that fails). A seed fails when two keys of one bucket get the same (f, h)
- * (no displacement can separate them; cmph's chd_ph_bucket_insert) or when
- * a bucket finds no free probe; then the next seed is tried, up to
- * opts->max_seeds (default 100, cmph's iterations). The result is a
- * function of the keys (in order) and the options only: deterministic.
+ * Seeds: seed k of the sequence sfs_chd_build_seed(k), from opts->first_seed
+ * on (0 by default; tests start elsewhere to meet a seed that fails). A seed
+ * fails when two keys of one bucket get the same (f, h) (no displacement
+ * separates them; cmph's chd_ph_bucket_insert makes the same test), when a
+ * bucket holds more than MAX_BUCKET keys, or when a bucket finds no free
+ * probe; then the next seed is tried, up to opts->max_seeds (default 100,
+ * cmph's iterations). The result depends on the keys (in order) and opts
+ * only: the same keys give the same bytes.
  *
- * Memory: 20 bytes per key (bucket, f, h per key, then (f, h) grouped by
- * bucket) plus 12 bytes per bucket and n / 8 bytes of occupancy bitmap,
- * freed before returning; the dump is about 2.1 bits per key.
+ * Memory: 20 bytes per key (bucket, f and h per key, then (f, h) grouped by
+ * bucket) and 12 bytes per bucket, plus n / 8 bytes of occupancy bitmap,
+ * all freed before returning; the dump is about 2.6 bits per key.
  *
  * Errors (return value; `why` gets a sentence): SFS_CHD_BUILD_NOMEM (an
  * allocation failed), SFS_CHD_BUILD_EINVAL (nkeys 0 or above
- * SFS_CHD_MAX_KEYS), SFS_CHD_BUILD_FAILED (no seed worked: in practice
- * duplicate keys).
+ * SFS_CHD_MAX_KEYS), SFS_CHD_BUILD_FAILED (no seed worked: duplicate keys,
+ * in practice). Nothing to free after an error.
  *
  * Facts from cmph 2.0.2 (src/chd_ph.c, compressed_seq.c, select.c,
  * bitbool.h, hash.c, jenkins_hash.c, cmph_structs.c); none of its code.

@@ -52,8 +52,11 @@ BUILDERS = ("cmph", "shardfs")
 
 
 def random_keys(n: int, seed: int = 12) -> list:
-    raw = random.Random(seed * 1_000_003 + n).randbytes(32 * n)
-    keys = [raw[i:i + 32] for i in range(0, 32 * n, 32)]
+    rng = random.Random(seed * 1_000_003 + n)
+    keys = []
+    for start in range(0, n, 1 << 20):  # randbytes takes at most 2^31 bits
+        raw = rng.randbytes(32 * min(1 << 20, n - start))
+        keys += [raw[i:i + 32] for i in range(0, len(raw), 32)]
     if len(set(keys)) != n:  # 2^-200: never, but a duplicate would fail the build
         raise SystemExit("duplicate random keys")
     return keys

@@ -13,7 +13,7 @@ APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
-C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
+C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
 	shardfs/c/gindex.c
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
 	shardfs/c/gindex.h
@@ -52,10 +52,14 @@ tests/c/test_sidecar: tests/c/test_sidecar.c tests/c/check.h $(C_SOURCES) $(C_HE
 tests/c/test_gindex: tests/c/test_gindex.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_gindex.c $(C_SOURCES) $(LIBS_C) -lpthread
 
-test-c: apt tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex
+tests/c/test_chd_build: tests/c/test_chd_build.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_chd_build.c $(C_SOURCES) $(LIBS_C) -lpthread
+
+test-c: apt tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex tests/c/test_chd_build
 	./tests/c/test_shard
 	./tests/c/test_sidecar
 	./tests/c/test_gindex
+	./tests/c/test_chd_build
 
 # The suites that mount run twice: with the default worker count, then with
 # one worker per mount (SHARDFS_WORKERS=1: workers=1 must keep working; the
@@ -154,10 +158,12 @@ $(SAN_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
 test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/test_gindex \
+		$(SAN_DIR)/test_chd_build \
 		$(foreach h,$(FUZZ_HARNESSES),$(SAN_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_shard
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_sidecar
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_gindex
+	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_chd_build
 	$(foreach h,$(FUZZ_HARNESSES),$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 \
 	  ./$(SAN_DIR)/replay_$(h) $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 	rm -rf $(SAN_DIR)/py $(SAN_DIR)/tmp
@@ -193,10 +199,12 @@ $(VG_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
 test-valgrind: apt venv $(VG_DIR)/test_shard $(VG_DIR)/test_sidecar $(VG_DIR)/test_gindex \
+		$(VG_DIR)/test_chd_build \
 		$(foreach h,$(FUZZ_HARNESSES),$(VG_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(VALGRIND) ./$(VG_DIR)/test_shard
 	$(VALGRIND) ./$(VG_DIR)/test_sidecar
 	$(VALGRIND) ./$(VG_DIR)/test_gindex
+	$(VALGRIND) ./$(VG_DIR)/test_chd_build
 	$(foreach h,$(FUZZ_HARNESSES),$(VALGRIND) -q ./$(VG_DIR)/replay_$(h) \
 	  $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 
@@ -253,4 +261,5 @@ fuzz-coverage: apt $(foreach h,$(FUZZ_HARNESSES),$(FUZZ_DIR)/bin/cov_$(h)) $(FUZ
 
 # (the .so of the editable install goes too: the next `make venv` rebuilds it)
 clean:
-	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex shardfs/*.so $(VENV)/.stamp
+	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex \
+	  tests/c/test_chd_build shardfs/*.so $(VENV)/.stamp

@@ -21,7 +21,7 @@ libs = pkg_config("--libs", "cmph", ["-lcmph"])
 
 extension = Extension(
     "shardfs._shardfs",
-    sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/writer.c",
+    sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
              "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c",
              "shardfs/c/module.c"],
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",

@@ -321,9 +321,12 @@ class ShardWriter:
         self.path = os.fspath(path)
         self._writer = _shardfs.Writer(self.path)
         #: After close(): where finishing took its time, in seconds —
-        #: {"hash_seconds": cmph's perfect hash build, "index_seconds":
-        #: placing keys and writing index and hash, "sync_seconds": header,
-        #: fdatasync and rename, "slots": slots in the index}.
+        #: {"hash_seconds": the perfect hash build, "check_seconds": every
+        #: key checked against cmph_search and our evaluator,
+        #: "index_seconds": index and hash written, "sync_seconds": header,
+        #: fdatasync and rename, "slots": slots in the index, "builder":
+        #: "shardfs" (our builder) or "cmph" (SHARDFS_CHD_BUILDER=cmph, or
+        #: the fallback when ours finds no seed)}.
         self.build_stats: Optional[dict] = None
 
     def __enter__(self) -> "ShardWriter":

@@ -219,6 +219,37 @@ def test_shardfs_cli_created_shard_passes_swh_check(tmp_path):
         assert len(set(ref)) == 3
 
 
+@pytest.mark.parametrize("hash_builder", ["shardfs", "cmph"])
+@pytest.mark.parametrize("n", [1, 3, 5000])
+def test_both_hash_builders_read_in_swh(tmp_path, monkeypatch, hash_builder, n):
+    """The perfect hash built by our builder (shardfs/c/chd_build.c, the
+    default) and by cmph's (SHARDFS_CHD_BUILDER=cmph): swh-shard, which
+    evaluates the function with cmph_load + cmph_search, finds every object;
+    ``shardfs check --hash`` and ``swh-shard check --with-hash`` pass."""
+    if hash_builder == "cmph":
+        monkeypatch.setenv("SHARDFS_CHD_BUILDER", "cmph")
+    else:
+        monkeypatch.delenv("SHARDFS_CHD_BUILDER", raising=False)
+    objects = make_objects(n, seed=12, max_size=200)
+    path = tmp_path / f"{hash_builder}.shard"
+    with shardfs.ShardWriter(str(path)) as w:
+        for key, data in objects.items():
+            w.add(key, data)
+    stats = w.build_stats
+    assert stats["builder"] == hash_builder
+    assert stats["hash_seconds"] >= 0 and stats["check_seconds"] >= 0
+    with swh_shard.Shard(str(path)) as ref:
+        for key, data in objects.items():
+            assert ref.lookup(key) == data
+        with pytest.raises(KeyError):
+            ref.lookup(hashlib.sha256(b"absent").digest())
+    proc = shardfs_cli("check", "--hash", path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if SWH_SHARD is not None:
+        proc = swh_cli("check", "--with-hash", path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_shardfs_larger_reads_in_swh(tmp_path):
     objects = make_objects(20_000, seed=8, max_size=300)
     path = tmp_path / "big.ours.shard"

@@ -12,63 +12,6 @@ static inline uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* ------------------------------------------------------------------ hash */
-
-/* Bob Jenkins' 1996 mix, as cmph uses it. */
-#define JENKINS_MIX(a, b, c)                                                                       \
-    do {                                                                                           \
-        a -= b; a -= c; a ^= (c >> 13);                                                            \
-        b -= c; b -= a; b ^= (a << 8);                                                             \
-        c -= a; c -= b; c ^= (b >> 13);                                                            \
-        a -= b; a -= c; a ^= (c >> 12);                                                            \
-        b -= c; b -= a; b ^= (a << 16);                                                            \
-        c -= a; c -= b; c ^= (b >> 5);                                                             \
-        a -= b; a -= c; a ^= (c >> 3);                                                             \
-        b -= c; b -= a; b ^= (a << 10);                                                            \
-        c -= a; c -= b; c ^= (b >> 15);                                                            \
-    } while (0)
-
-/* Key bytes are taken as unsigned (cmph 2.0.2 as built by Debian loads each
- * with a zero extension; tests/c compare every slot with cmph_search). */
-#define S(i) ((uint32_t)k[i])
-#define U(i) ((uint32_t)k[i])
-
-void sfs_chd_jenkins(uint32_t seed, const uint8_t *k, uint32_t keylen, uint32_t out[3])
-{
-    uint32_t a = 0x9e3779b9, b = 0x9e3779b9, c = seed;
-    uint32_t len = keylen;
-
-    while (len >= 12) {
-        a += S(0) + (S(1) << 8) + (S(2) << 16) + (S(3) << 24);
-        b += S(4) + (S(5) << 8) + (S(6) << 16) + (S(7) << 24);
-        c += S(8) + (S(9) << 8) + (S(10) << 16) + (S(11) << 24);
-        JENKINS_MIX(a, b, c);
-        k += 12;
-        len -= 12;
-    }
-    c += keylen;
-    switch (len) { /* every case falls through */
-    case 11: c += S(10) << 24; /* fall through */
-    case 10: c += S(9) << 16;  /* fall through */
-    case 9: c += S(8) << 8;    /* fall through */
-    case 8: b += S(7) << 24;   /* fall through */
-    case 7: b += S(6) << 16;   /* fall through */
-    case 6: b += S(5) << 8;    /* fall through */
-    case 5: b += U(4);         /* fall through */
-    case 4: a += S(3) << 24;   /* fall through */
-    case 3: a += S(2) << 16;   /* fall through */
-    case 2: a += S(1) << 8;    /* fall through */
-    case 1: a += U(0);         /* fall through */
-    default: break;
-    }
-    JENKINS_MIX(a, b, c);
-    out[0] = a;
-    out[1] = b;
-    out[2] = c;
-}
-#undef S
-#undef U
-
 /* ---------------------------------------------------------------- select */
 
 /* 64 bits of the bit vector starting at byte `byte` (zero past the end). */

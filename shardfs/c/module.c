@@ -977,9 +977,10 @@ static PyObject *Writer_finish(Writer *self, PyObject *unused)
     Py_END_ALLOW_THREADS
     if (rc != SFS_OK)
         return raise_error(&err);
-    return Py_BuildValue("{s:d,s:d,s:d,s:K}", "hash_seconds", st.hash_seconds, "index_seconds",
-                         st.index_seconds, "sync_seconds", st.sync_seconds, "slots",
-                         (unsigned long long)st.slots);
+    return Py_BuildValue("{s:d,s:d,s:d,s:d,s:K,s:s}", "hash_seconds", st.hash_seconds,
+                         "check_seconds", st.check_seconds, "index_seconds", st.index_seconds,
+                         "sync_seconds", st.sync_seconds, "slots", (unsigned long long)st.slots,
+                         "builder", st.builder);
 }
 
 static PyObject *Writer_abort(Writer *self, PyObject *unused)
@@ -1015,7 +1016,7 @@ static PyMethodDef Writer_methods[] = {
     {"contains", (PyCFunction)Writer_contains, METH_O, "contains(key32) -> bool."},
     {"finish", (PyCFunction)Writer_finish, METH_NOARGS,
      "Build the perfect hash, write index and header, fsync, rename into place; returns "
-     "{hash_seconds, index_seconds, sync_seconds, slots}."},
+     "{hash_seconds, check_seconds, index_seconds, sync_seconds, slots, builder}."},
     {"abort", (PyCFunction)Writer_abort, METH_NOARGS, "Discard the shard being written."},
     {NULL},
 };

@@ -244,10 +244,12 @@ uint64_t sfs_writer_bytes(const sfs_writer_t *w);       /* object bytes added */
 
 /* Where the time of sfs_writer_finish() went, in seconds (wall clock). */
 typedef struct sfs_build_stats {
-    double hash_seconds;  /* cmph building the perfect hash */
-    double index_seconds; /* placing the keys in slots, writing index and hash */
+    double hash_seconds;  /* building the perfect hash (builder below) */
+    double check_seconds; /* cmph_load + every key through cmph_search and ours */
+    double index_seconds; /* last objects flushed, index and hash written */
     double sync_seconds;  /* header, fdatasync, rename, directory fsync */
     uint64_t slots;       /* slots in the index */
+    const char *builder;  /* "shardfs" (chd_build.c) or "cmph" (static string) */
 } sfs_build_stats_t;
 
 /* Build the perfect hash, write index, hash and header, fdatasync, rename

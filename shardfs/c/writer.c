@@ -5,9 +5,12 @@
  * front). In memory we keep only, per key, its 32 bytes and its offset (40
  * bytes, in fixed blocks so growth never copies) plus a 4-byte-per-entry open
  * addressing table that rejects a duplicate key when it is added. At finish:
- * cmph builds the CHD_PH function over the keys, the index and the dump are
- * appended, the header is written at byte 0, the file is fdatasync'ed and
- * renamed over the target, and the directory is fsync'ed.
+ * the CHD_PH function over the keys is built (chd_build.c; cmph's builder
+ * when SHARDFS_CHD_BUILDER=cmph, or when ours finds no seed), loaded back
+ * with cmph_load() and checked key by key against cmph_search() and our
+ * evaluator, the index and the dump are appended, the header is written at
+ * byte 0, the file is fdatasync'ed and renamed over the target, and the
+ * directory is fsync'ed.
  *
  * The file is created and published by output.c: unnamed (O_TMPFILE) where
  * the file system allows it, so a process killed mid-build leaves nothing
@@ -318,6 +321,13 @@ static int src_read(void *data, char **key, cmph_uint32 *keylen)
 
 static void src_dispose(void *data, char *key, cmph_uint32 keylen) {}
 
+/* The same keys for chd_build.c. */
+static const uint8_t *key_at(void *data, uint32_t i)
+{
+    sfs_writer_t *w = data;
+    return w->count ? entry_at(w, i)->key : ZERO_KEY;
+}
+
 static void src_rewind(void *data) { ((sfs_writer_t *)data)->cursor = 0; }
 
 /* ---------------------------------------------------------------- finish */
@@ -327,6 +337,72 @@ static double now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Build with cmph: the function's dump in *dump (malloc'ed), the function
+ * itself in *mph. */
+static int build_cmph(sfs_writer_t *w, char **dump, size_t *dump_len, cmph_t **mph,
+                      sfs_error_t *err)
+{
+    cmph_io_adapter_t source = {
+        .data = w,
+        .nkeys = (cmph_uint32)(w->count ? w->count : 1),
+        .read = src_read,
+        .dispose = src_dispose,
+        .rewind = src_rewind,
+    };
+    cmph_config_t *config = cmph_config_new(&source);
+    if (!config)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    cmph_config_set_algo(config, CMPH_CHD_PH);
+    cmph_config_set_graphsize(config, 0.99);
+    cmph_config_set_keys_per_bin(config, 1);
+    cmph_config_set_b(config, 4);
+    *mph = cmph_new(config);
+    cmph_config_destroy(config);
+    if (!*mph)
+        return sfs_fail(err, SFS_EHASH, 0, "%s: cmph could not build the perfect hash over %llu "
+                        "keys", w->path, (unsigned long long)w->count);
+    FILE *mem = open_memstream(dump, dump_len);
+    if (!mem) {
+        cmph_destroy(*mph);
+        *mph = NULL;
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    }
+    cmph_dump(*mph, mem);
+    if (fclose(mem) != 0) {
+        cmph_destroy(*mph);
+        *mph = NULL;
+        free(*dump);
+        *dump = NULL;
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    }
+    return SFS_OK;
+}
+
+/* Build with chd_build.c: *dump (malloc'ed) on success; SFS_EHASH when no
+ * seed worked (the caller then tries cmph). */
+static int build_ours(sfs_writer_t *w, char **dump, size_t *dump_len, sfs_error_t *err)
+{
+    sfs_chd_built_t built;
+    char why[200];
+    int rc = sfs_chd_build(key_at, w, w->count ? w->count : 1, SFS_KEY_SIZE, NULL, &built, why,
+                           sizeof(why));
+    if (rc == SFS_CHD_BUILD_NOMEM)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    if (rc != SFS_CHD_BUILD_OK)
+        return sfs_fail(err, SFS_EHASH, 0, "%s: %s", w->path, why);
+    *dump = (char *)built.dump;
+    *dump_len = built.dump_len;
+    return SFS_OK;
+}
+
+/* cmph's builder instead of ours (bench/hash_bench.py's A/B, and a way out
+ * should ours ever misbehave): SHARDFS_CHD_BUILDER=cmph. */
+static int want_cmph_builder(void)
+{
+    const char *v = getenv("SHARDFS_CHD_BUILDER");
+    return v && strcmp(v, "cmph") == 0;
 }
 
 static int finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err)
@@ -342,53 +418,62 @@ static int finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err)
     h.objects_size = w->flushed - SFS_OBJECTS_POSITION;
     h.index_position = w->flushed;
 
-    /* The duplicate table is not needed any more: free it before cmph runs. */
+    /* The duplicate table is not needed any more: free it before the build. */
     free(w->table);
     w->table = NULL;
     w->table_cap = 0;
 
-    cmph_io_adapter_t source = {
-        .data = w,
-        .nkeys = (cmph_uint32)(w->count ? w->count : 1),
-        .read = src_read,
-        .dispose = src_dispose,
-        .rewind = src_rewind,
-    };
-    cmph_config_t *config = cmph_config_new(&source);
-    if (!config)
-        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
-    cmph_config_set_algo(config, CMPH_CHD_PH);
-    cmph_config_set_graphsize(config, 0.99);
-    cmph_config_set_keys_per_bin(config, 1);
-    cmph_config_set_b(config, 4);
-    cmph_t *mph = cmph_new(config);
-    cmph_config_destroy(config);
-    double t1 = now();
-    if (!mph)
-        return sfs_fail(err, SFS_EHASH, 0, "%s: cmph could not build the perfect hash over %llu "
-                        "keys", w->path, (unsigned long long)w->count);
-
+    double tb = now();
     char *dump = NULL;
     size_t dump_len = 0;
-    FILE *mem = open_memstream(&dump, &dump_len);
-    if (!mem) {
-        cmph_destroy(mph);
-        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    cmph_t *mph = NULL;
+    stats->builder = "shardfs";
+    rc = SFS_EHASH;
+    if (!want_cmph_builder()) {
+        rc = build_ours(w, &dump, &dump_len, err);
+        if (rc == SFS_ENOMEM)
+            return rc;
     }
-    cmph_dump(mph, mem);
-    fclose(mem);
+    if (rc != SFS_OK) {
+        stats->builder = "cmph";
+        rc = build_cmph(w, &dump, &dump_len, &mph, err);
+        if (rc != SFS_OK)
+            return rc;
+    }
+    double t1 = now();
 
-    /* Our evaluator must agree with cmph on every key: it is the one readers
-     * use. Check it here, where a disagreement costs a failed build and not
-     * an unreadable shard. */
+    /* Every key is checked before anything is written: cmph (as swh-shard's
+     * reader evaluates the function) and our evaluator (the one our readers
+     * use) must agree on it, inside the index, and no slot may be used
+     * twice. The dump is validated by our parser first, then loaded by
+     * cmph. A disagreement costs a failed build, not an unreadable shard. */
     sfs_chd_t chd;
-    char why[256];
-    uint64_t slots = cmph_size(mph);
+    char why[256] = "";
+    uint64_t slots = 0;
     uint32_t *slot_entry = NULL;
-    if (sfs_chd_parse(&chd, (const uint8_t *)dump, dump_len, why, sizeof(why)) < 0 ||
-        chd.n != slots) {
-        rc = sfs_fail(err, SFS_EHASH, 0, "%s: cmph wrote a function we cannot read: %s", w->path,
-                      why);
+    if (sfs_chd_parse(&chd, (const uint8_t *)dump, dump_len, why, sizeof(why)) < 0) {
+        rc = sfs_fail(err, SFS_EHASH, 0, "%s: the perfect hash built (%s) cannot be read: %s",
+                      w->path, stats->builder, why);
+        goto out;
+    }
+    if (!mph) {
+        FILE *mem = fmemopen(dump, dump_len, "r");
+        if (!mem) {
+            rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+            goto out;
+        }
+        mph = cmph_load(mem);
+        fclose(mem);
+        if (!mph) {
+            rc = sfs_fail(err, SFS_EHASH, 0, "%s: cmph cannot load the perfect hash built",
+                          w->path);
+            goto out;
+        }
+    }
+    slots = cmph_size(mph);
+    if (chd.n != slots) {
+        rc = sfs_fail(err, SFS_EHASH, 0, "%s: cmph and our parser disagree on the slot count "
+                      "(%llu and %u)", w->path, (unsigned long long)slots, chd.n);
         goto out;
     }
     slot_entry = malloc(slots * sizeof(uint32_t));
@@ -407,6 +492,7 @@ static int finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err)
         }
         slot_entry[s] = (uint32_t)i;
     }
+    double t2 = now();
     h.index_size = slots * SFS_SLOT_SIZE;
     for (uint64_t s = 0; s < slots; s++) {
         uint8_t slot[SFS_SLOT_SIZE] = {0};
@@ -428,7 +514,7 @@ static int finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err)
         rc = io_fail(w, err, "writing the hash");
         goto out;
     }
-    double t2 = now();
+    double t3 = now();
     /* Header block last: until it is written the file has no magic. */
     uint8_t head[SFS_OBJECTS_POSITION] = {0};
     memcpy(head, SFS_MAGIC, sizeof(SFS_MAGIC) - 1);
@@ -450,15 +536,17 @@ static int finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err)
         rc = io_fail(w, err, "fdatasync");
         goto out;
     }
-    stats->hash_seconds = t1 - t0;
-    stats->index_seconds = t2 - t1;
-    stats->sync_seconds = now() - t2;
+    stats->hash_seconds = t1 - tb;
+    stats->check_seconds = t2 - t1;
+    stats->index_seconds = (tb - t0) + (t3 - t2);
+    stats->sync_seconds = now() - t3;
     stats->slots = slots;
     rc = SFS_OK;
 out:
     free(slot_entry);
     free(dump);
-    cmph_destroy(mph);
+    if (mph)
+        cmph_destroy(mph);
     return rc;
 }
 
@@ -488,7 +576,8 @@ int sfs_writer_finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *er
             sfs_sync_directory(w->path);
     }
     if (rc == SFS_OK)
-        stats->sync_seconds = now() - t - stats->hash_seconds - stats->index_seconds;
+        stats->sync_seconds = now() - t - stats->hash_seconds - stats->check_seconds -
+                              stats->index_seconds;
     if (close(w->fd) < 0 && rc == SFS_OK)
         rc = io_fail(w, err, "close");
     w->fd = -1;

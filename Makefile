@@ -7,12 +7,13 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
+APT_PACKAGES := libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
 	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools \
 	postgresql libpq-dev libsystemd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
-LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
+LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
+	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
 	shardfs/c/gindex.c
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \

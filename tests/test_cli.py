@@ -520,15 +520,27 @@ def test_create_into_missing_directory(tree, tmp_path):
 
 
 def test_ctrl_c_during_create_leaves_nothing(tree, tmp_path, monkeypatch, capsys):
-    # file_sha256 runs inside the writer for files > SMALL_FILE (tree has one)
+    # Ctrl-C while create walks a directory, after a first object was written
     src, _, _ = tree
     shard = tmp_path / "c.shard"
+    written = []
 
-    def interrupted(path):
+    def interrupted(top, excluder=None):
+        written.append(len(writers[0]))
         raise KeyboardInterrupt
+        yield  # a generator, as walk_files
 
-    monkeypatch.setattr(cli, "file_sha256", interrupted)
-    assert cli.main(["create", str(shard), str(src)]) == 130
+    writers = []
+    real_writer = shardfs.ShardWriter
+
+    def writer(path):
+        writers.append(real_writer(path))
+        return writers[-1]
+
+    monkeypatch.setattr(cli, "walk_files", interrupted)
+    monkeypatch.setattr(shardfs, "ShardWriter", writer)
+    assert cli.main(["create", str(shard), str(src / "a.txt"), str(src)]) == 130
+    assert written == [1]
     err = capsys.readouterr().err
     assert err.strip() == "shardfs: interrupted"
     assert leftovers(tmp_path, shard) == []

@@ -412,6 +412,41 @@ static int read_exact(int fd, uint8_t *buf, size_t len)
     return 0;
 }
 
+/* Read to the end of a file into *data (malloc'ed), *size bytes: 0, or -1
+ * with errno. */
+static int read_unsized(int fd, uint8_t **data, uint64_t *size)
+{
+    size_t cap = 4096, len = 0;
+    uint8_t *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            errno = ENOMEM;
+            return -1;
+        }
+        ssize_t got = read(fd, buf + len, cap - len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            int e = errno;
+            free(buf);
+            errno = e;
+            return -1;
+        }
+        if (got == 0)
+            break;
+        len += (size_t)got;
+        if (len == cap) {
+            uint8_t *more = realloc(buf, cap *= 2);
+            if (!more)
+                free(buf);
+            buf = more;
+        }
+    }
+    *data = buf;
+    *size = len;
+    return 0;
+}
+
 /* Open, fstat, read and hash paths[i] into j (a reader thread). */
 static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, uint8_t **chunk)
 {
@@ -451,8 +486,15 @@ static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, ui
         close(fd);
         return;
     }
-    if (j->size <= b->small) {
-        j->data = malloc(j->size ? j->size : 1);
+    if (j->size == 0) {
+        /* Empty, or a file whose size says nothing (/proc): read to the end. */
+        if (read_unsized(fd, &j->data, &j->size) < 0)
+            j->sys_errno = errno;
+        else
+            EVP_DigestUpdate(ctx, j->data, j->size);
+        close(fd);
+    } else if (j->size <= b->small) {
+        j->data = malloc(j->size);
         if (!j->data)
             j->sys_errno = ENOMEM;
         else if (read_exact(fd, j->data, j->size) < 0) {

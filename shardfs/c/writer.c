@@ -340,9 +340,10 @@ int sfs_writer_add_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, 
 
 /* ------------------------------------------------------------- add_files */
 
-#define WINDOW 64          /* files read ahead of the writer, at most */
+#define WINDOW 1024        /* files read ahead of the writer, at most... */
+#define INFLIGHT (16u << 20) /* ...and bytes they hold, about (a large file: 1 MiB) */
 #define CLAIM 4            /* files a reader takes at a time */
-#define LAG 16             /* a writer that must wait sleeps until this many more are ready */
+#define LAG 32             /* a writer that must wait sleeps until this many more are ready */
 #define HASH_CHUNK (1u << 20) /* bytes per read when hashing a large file */
 #define MAX_THREADS 64
 
@@ -357,6 +358,7 @@ typedef struct job {
     uint8_t key[SFS_KEY_SIZE];
     uint8_t *data;    /* a small file's bytes (malloc'ed) */
     uint64_t size;
+    uint64_t charge;  /* what it counts in batch.inflight */
 } job_t;
 
 typedef struct batch {
@@ -379,6 +381,8 @@ typedef struct batch {
     atomic_size_t next;          /* the next path to claim */
     atomic_size_t consumed;      /* paths the writer is done with */
     atomic_size_t awaited;       /* 1 + the index of the job the writer sleeps on; 0: none */
+    atomic_uint_fast64_t inflight; /* bytes held by ready jobs (job.charge) */
+    atomic_size_t wake_at;       /* wake sleeping readers once `consumed` reaches it; 0: any */
     atomic_int readers_waiting;
     atomic_int stop;
 } batch_t;
@@ -533,24 +537,48 @@ static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, ui
         j->sys_errno = ENOMEM;
 }
 
+/* A reader sleeps until path end - 1 fits in the window (end > 0), or until
+ * less than INFLIGHT bytes are held (end == 0: it holds no job then, so the
+ * writer cannot be waiting for it). It asks to be woken a quarter window or
+ * half the bytes later, not at every file. */
+static void wait_room(batch_t *b, size_t end)
+{
+    pthread_mutex_lock(&b->lock);
+    atomic_fetch_add(&b->readers_waiting, 1);
+    while (!atomic_load(&b->stop) && (end ? end > atomic_load(&b->consumed) + WINDOW
+                                          : atomic_load(&b->inflight) >= INFLIGHT)) {
+        size_t at = end ? end - WINDOW + WINDOW / 4 : 0, cur = atomic_load(&b->wake_at);
+        if (at && (!cur || at < cur))
+            atomic_store(&b->wake_at, at);
+        pthread_cond_wait(&b->room, &b->lock);
+    }
+    atomic_fetch_sub(&b->readers_waiting, 1);
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* Wake the sleeping readers (the writer). */
+static void wake_readers(batch_t *b)
+{
+    pthread_mutex_lock(&b->lock);
+    atomic_store(&b->wake_at, 0);
+    pthread_cond_broadcast(&b->room);
+    pthread_mutex_unlock(&b->lock);
+}
+
 static void *reader_main(void *arg)
 {
     batch_t *b = arg;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     uint8_t *chunk = NULL;
     while (!atomic_load(&b->stop)) {
+        if (atomic_load(&b->inflight) >= INFLIGHT)
+            wait_room(b, 0);
         size_t i = atomic_fetch_add(&b->next, CLAIM);
         if (i >= b->n)
             break;
         size_t end = i + CLAIM < b->n ? i + CLAIM : b->n;
-        if (end > atomic_load(&b->consumed) + WINDOW) { /* no room: sleep */
-            pthread_mutex_lock(&b->lock);
-            atomic_fetch_add(&b->readers_waiting, 1);
-            while (!atomic_load(&b->stop) && end > atomic_load(&b->consumed) + WINDOW)
-                pthread_cond_wait(&b->room, &b->lock);
-            atomic_fetch_sub(&b->readers_waiting, 1);
-            pthread_mutex_unlock(&b->lock);
-        }
+        if (end > atomic_load(&b->consumed) + WINDOW)
+            wait_room(b, end);
         for (; i < end && !atomic_load(&b->stop); i++) {
             job_t *j = &b->jobs[i % WINDOW];
             if (ctx) {
@@ -562,6 +590,10 @@ static void *reader_main(void *arg)
                 j->sys_errno = ENOMEM;
                 j->shrank = 0;
             }
+            /* A large file holds a descriptor: it counts as 1 MiB, which
+             * bounds the descriptors open too. */
+            j->charge = j->fd >= 0 ? HASH_CHUNK : j->size + sizeof(job_t);
+            atomic_fetch_add(&b->inflight, j->charge);
             atomic_store(&j->ready, 1);
             if (atomic_load(&b->awaited) == i + 1) {
                 pthread_mutex_lock(&b->lock);
@@ -579,6 +611,8 @@ static void *reader_main(void *arg)
 static void await_job(batch_t *b, size_t i)
 {
     job_t *j = &b->jobs[i % WINDOW];
+    if (atomic_load(&b->readers_waiting)) /* whatever they wait for */
+        wake_readers(b);
     pthread_mutex_lock(&b->lock);
     atomic_store(&b->awaited, i + 1);
     while (!atomic_load(&j->ready))
@@ -681,17 +715,16 @@ int sfs_writer_add_files(sfs_writer_t *w, const char *const *paths, size_t n, ui
                 await_job(b, i);
         }
         int go = take_job(w, j, paths[i], i, res, err);
+        atomic_fetch_sub(&b->inflight, j->charge);
         release_job(j);
         if (go != 1) {
             rc = go == 0 ? SFS_OK : go;
             break;
         }
         atomic_store(&b->consumed, i + 1);
-        if (atomic_load(&b->readers_waiting)) {
-            pthread_mutex_lock(&b->lock);
-            pthread_cond_broadcast(&b->room);
-            pthread_mutex_unlock(&b->lock);
-        }
+        if (atomic_load(&b->readers_waiting) && i + 1 >= atomic_load(&b->wake_at) &&
+            atomic_load(&b->inflight) <= INFLIGHT / 2)
+            wake_readers(b);
     }
     res->done = i;
 

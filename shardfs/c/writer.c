@@ -56,6 +56,7 @@ struct sfs_writer {
     uint64_t table_cap;
     uint64_t cursor;  /* cmph key source position */
     uint64_t written_back; /* bytes [SFS_OBJECTS_POSITION, written_back) sent to the device */
+    struct job *jobs; /* sfs_writer_add_files's window, kept with its buffers from call to call */
 };
 
 static inline entry_t *entry_at(const sfs_writer_t *w, uint64_t i)
@@ -356,10 +357,23 @@ typedef struct job {
     int sys_errno;    /* != 0: opening or reading failed */
     int shrank;       /* the file ended before its fstat size */
     uint8_t key[SFS_KEY_SIZE];
-    uint8_t *data;    /* a small file's bytes (malloc'ed) */
+    uint8_t *data;    /* a small file's bytes: a buffer of `cap` bytes kept from
+                       * file to file up to KEEP bytes (malloc'ed) */
+    size_t cap;
     uint64_t size;
     uint64_t charge;  /* what it counts in batch.inflight */
 } job_t;
+
+#define KEEP (16u << 10)
+
+/* A reader thread's own state. */
+typedef struct reader {
+    EVP_MD_CTX *ctx;
+    uint8_t *chunk;   /* HASH_CHUNK bytes, for large files (malloc'ed when needed) */
+    char *dir;        /* the directory of the last path opened... */
+    size_t dir_len, dir_cap;
+    int dirfd;        /* ...open (O_PATH) to open the next ones in it by name; -1 none */
+} reader_t;
 
 typedef struct batch {
     const char *const *paths;
@@ -369,7 +383,7 @@ typedef struct batch {
     ino_t skip_ino[2];
     int n_skip;
     EVP_MD *md;
-    job_t jobs[WINDOW];   /* path i in jobs[i % WINDOW] */
+    job_t *jobs;          /* WINDOW jobs (the writer's): path i in jobs[i % WINDOW] */
     /* Jobs are claimed, marked ready and consumed with atomics; the lock
      * and conditions serve only a thread that must sleep: it announces
      * itself (awaited, readers_waiting) before checking again, the other
@@ -389,8 +403,11 @@ typedef struct batch {
 
 static void release_job(job_t *j)
 {
-    free(j->data);
-    j->data = NULL;
+    if (j->cap > KEEP) {
+        free(j->data);
+        j->data = NULL;
+        j->cap = 0;
+    }
     if (j->fd >= 0)
         close(j->fd);
     j->fd = -1;
@@ -416,50 +433,84 @@ static int read_exact(int fd, uint8_t *buf, size_t len)
     return 0;
 }
 
-/* Read to the end of a file into *data (malloc'ed), *size bytes: 0, or -1
- * with errno. */
-static int read_unsized(int fd, uint8_t **data, uint64_t *size)
+/* Make j->data hold at least len bytes: 0, or -1 (ENOMEM). */
+static int job_room(job_t *j, size_t len)
 {
-    size_t cap = 4096, len = 0;
-    uint8_t *buf = malloc(cap);
+    if (len <= j->cap)
+        return 0;
+    size_t cap = len < 4096 ? 4096 : len;
+    free(j->data);
+    j->data = malloc(cap);
+    j->cap = j->data ? cap : 0;
+    return j->data ? 0 : -1;
+}
+
+/* Read to the end of a file into j->data, j->size bytes: 0, or -1 with
+ * errno. */
+static int read_unsized(int fd, job_t *j)
+{
+    size_t len = 0;
+    if (job_room(j, 4096) < 0)
+        return -1;
     for (;;) {
-        if (!buf) {
-            errno = ENOMEM;
-            return -1;
-        }
-        ssize_t got = read(fd, buf + len, cap - len);
+        ssize_t got = read(fd, j->data + len, j->cap - len);
         if (got < 0 && errno == EINTR)
             continue;
-        if (got < 0) {
-            int e = errno;
-            free(buf);
-            errno = e;
+        if (got < 0)
             return -1;
-        }
         if (got == 0)
             break;
         len += (size_t)got;
-        if (len == cap) {
-            uint8_t *more = realloc(buf, cap *= 2);
+        if (len == j->cap) {
+            uint8_t *more = realloc(j->data, 2 * j->cap);
             if (!more)
-                free(buf);
-            buf = more;
+                return -1;
+            j->data = more;
+            j->cap *= 2;
         }
     }
-    *data = buf;
-    *size = len;
+    j->size = len;
     return 0;
 }
 
+/* open(path) for reading, through the directory of the previous path when
+ * it is the same (openat by name: the kernel resolves one component, not
+ * the whole path). The path is opened whole when it has no directory part
+ * or its directory cannot be opened (the error is then the path's own). */
+static int open_source(reader_t *r, const char *path)
+{
+    const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path || !slash[1])
+        return open(path, flags);
+    size_t len = (size_t)(slash - path);
+    if (!r->dir || len != r->dir_len || memcmp(path, r->dir, len) != 0) {
+        if (r->dirfd >= 0)
+            close(r->dirfd);
+        r->dirfd = -1;
+        if (len + 1 > r->dir_cap) {
+            char *dir = realloc(r->dir, len + 1);
+            if (!dir)
+                return open(path, flags);
+            r->dir = dir;
+            r->dir_cap = len + 1;
+        }
+        memcpy(r->dir, path, len);
+        r->dir[len] = 0;
+        r->dir_len = len;
+        r->dirfd = open(r->dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    }
+    return r->dirfd >= 0 ? openat(r->dirfd, slash + 1, flags) : open(path, flags);
+}
+
 /* Open, fstat, read and hash paths[i] into j (a reader thread). */
-static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, uint8_t **chunk)
+static void read_job(batch_t *b, job_t *j, const char *path, reader_t *r)
 {
     j->kind = SFS_FILE_REGULAR;
     j->skip = j->sys_errno = j->shrank = 0;
     j->fd = -1;
-    j->data = NULL;
     j->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fd = open_source(r, path);
     if (fd < 0) {
         if (errno == ENXIO) /* a socket */
             j->kind = SFS_FILE_OTHER;
@@ -485,6 +536,7 @@ static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, ui
             return;
         }
     j->size = (uint64_t)st.st_size;
+    EVP_MD_CTX *ctx = r->ctx;
     if (!EVP_DigestInit_ex2(ctx, b->md, NULL)) {
         j->sys_errno = ENOMEM;
         close(fd);
@@ -492,14 +544,13 @@ static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, ui
     }
     if (j->size == 0) {
         /* Empty, or a file whose size says nothing (/proc): read to the end. */
-        if (read_unsized(fd, &j->data, &j->size) < 0)
-            j->sys_errno = errno;
+        if (read_unsized(fd, j) < 0)
+            j->sys_errno = errno ? errno : ENOMEM;
         else
             EVP_DigestUpdate(ctx, j->data, j->size);
         close(fd);
     } else if (j->size <= b->small) {
-        j->data = malloc(j->size);
-        if (!j->data)
+        if (job_room(j, (size_t)j->size) < 0)
             j->sys_errno = ENOMEM;
         else if (read_exact(fd, j->data, j->size) < 0) {
             j->shrank = errno == 0;
@@ -511,7 +562,7 @@ static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, ui
     } else {
         /* Hashed now through pread (the position stays 0), read again by
          * the writer: memory stays bounded whatever the size. */
-        if (!*chunk && !(*chunk = malloc(HASH_CHUNK))) {
+        if (!r->chunk && !(r->chunk = malloc(HASH_CHUNK))) {
             j->sys_errno = ENOMEM;
             close(fd);
             return;
@@ -519,7 +570,7 @@ static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, ui
         uint64_t at = 0;
         while (at < j->size) {
             size_t want = j->size - at < HASH_CHUNK ? (size_t)(j->size - at) : HASH_CHUNK;
-            ssize_t got = pread(fd, *chunk, want, (off_t)at);
+            ssize_t got = pread(fd, r->chunk, want, (off_t)at);
             if (got < 0 && errno == EINTR)
                 continue;
             if (got <= 0) {
@@ -528,7 +579,7 @@ static void read_job(batch_t *b, job_t *j, const char *path, EVP_MD_CTX *ctx, ui
                 close(fd);
                 return;
             }
-            EVP_DigestUpdate(ctx, *chunk, (size_t)got);
+            EVP_DigestUpdate(ctx, r->chunk, (size_t)got);
             at += (uint64_t)got;
         }
         j->fd = fd;
@@ -568,8 +619,7 @@ static void wake_readers(batch_t *b)
 static void *reader_main(void *arg)
 {
     batch_t *b = arg;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    uint8_t *chunk = NULL;
+    reader_t r = {.ctx = EVP_MD_CTX_new(), .dirfd = -1};
     while (!atomic_load(&b->stop)) {
         if (atomic_load(&b->inflight) >= INFLIGHT)
             wait_room(b, 0);
@@ -581,12 +631,12 @@ static void *reader_main(void *arg)
             wait_room(b, end);
         for (; i < end && !atomic_load(&b->stop); i++) {
             job_t *j = &b->jobs[i % WINDOW];
-            if (ctx) {
-                read_job(b, j, b->paths[i], ctx, &chunk);
+            if (r.ctx) {
+                read_job(b, j, b->paths[i], &r);
             } else {
                 j->kind = SFS_FILE_REGULAR;
                 j->fd = -1;
-                j->data = NULL;
+                j->size = 0;
                 j->sys_errno = ENOMEM;
                 j->shrank = 0;
             }
@@ -602,8 +652,11 @@ static void *reader_main(void *arg)
             }
         }
     }
-    free(chunk);
-    EVP_MD_CTX_free(ctx);
+    free(r.chunk);
+    free(r.dir);
+    if (r.dirfd >= 0)
+        close(r.dirfd);
+    EVP_MD_CTX_free(r.ctx);
     return NULL;
 }
 
@@ -663,9 +716,16 @@ int sfs_writer_add_files(sfs_writer_t *w, const char *const *paths, size_t n, ui
     memset(res, 0, sizeof(*res));
     if (n == 0)
         return SFS_OK;
+    if (!w->jobs) {
+        if (!(w->jobs = calloc(WINDOW, sizeof(job_t))))
+            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+        for (int k = 0; k < WINDOW; k++)
+            w->jobs[k].fd = -1;
+    }
     batch_t *b = calloc(1, sizeof(*b));
     if (!b)
         return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    b->jobs = w->jobs;
     b->paths = paths;
     b->n = n;
     b->small = small;
@@ -678,8 +738,6 @@ int sfs_writer_add_files(sfs_writer_t *w, const char *const *paths, size_t n, ui
         b->skip_dev[b->n_skip] = (dev_t)exclude_dev;
         b->skip_ino[b->n_skip++] = (ino_t)exclude_ino;
     }
-    for (int k = 0; k < WINDOW; k++)
-        b->jobs[k].fd = -1;
     b->md = EVP_MD_fetch(NULL, "SHA256", NULL);
     if (!b->md) {
         free(b);
@@ -916,6 +974,9 @@ out:
 
 static void free_writer(sfs_writer_t *w)
 {
+    for (int k = 0; w->jobs && k < WINDOW; k++)
+        free(w->jobs[k].data);
+    free(w->jobs);
     for (uint64_t i = 0; i < w->nblocks; i++)
         free(w->blocks[i]);
     free(w->blocks);

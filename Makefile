@@ -105,6 +105,16 @@ bench-workers: venv
 	$(PIP) install -q -e '.[test,bench]' && \
 	$(PY) bench/workers_bench.py $(ARGS) | tee bench/results/workers.log
 
+# Create: `shardfs create` of 50,000 files of 1 B-4 KiB against tar -cf,
+# mksquashfs -comp lz4 and swh-shard create, alternated, best of 3
+# (bench/create_bench.py; the tree is kept in bench/data/create; ARGS=--before REV
+# also times the create of commit REV).
+.PHONY: bench-create
+bench-create: venv
+	mkdir -p bench/results && set -o pipefail && \
+	$(PIP) install -q -e '.[test,bench]' && \
+	$(PY) bench/create_bench.py $(ARGS) | tee bench/results/create.log
+
 # Scale: 1,000 shards vs 1, mount start time, daemon memory (bench/scale_bench.py;
 # ARGS=--quick for about 3 minutes, default 10M objects).
 .PHONY: bench-scale

@@ -74,6 +74,7 @@ from build_bench import (  # noqa: E402  (same directory)
     machine_info,
     make_objects,
     random_pool,
+    write_results,
 )
 
 REPS = 3
@@ -610,12 +611,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "datasets": datasets, "rows": rows, "skipped": skipped, "goals": goals, "goal_lines": lines,
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
-    with open(os.path.join(args.out, "lookup.json"), "w") as f:
-        json.dump(res, f, indent=1)
-        f.write("\n")
     md = markdown(res)
-    with open(os.path.join(args.out, "lookup.md"), "w") as f:
-        f.write(md)
+    write_results(args.out, "lookup", res, md)
     png = plot(res, args.out)
     print()
     print(md.split("\nGoals:")[0].split("\n", 2)[2])

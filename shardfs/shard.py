@@ -365,7 +365,7 @@ class ShardWriter:
             size = os.fstat(f.fileno()).st_size
             self._writer.add_fd(raw, f.fileno(), size)
 
-    def add_files(self, paths: Sequence[Union[str, bytes, os.PathLike]], small: int = 1 << 20,
+    def add_files(self, paths: Sequence[Union[str, bytes, os.PathLike]], small: int,
                   threads: Optional[int] = None, exclude: Optional[Tuple[int, int]] = None,
                   ) -> Tuple[int, int, List[Tuple[int, bytes]]]:
         """Append the regular files at ``paths``, in that order, each keyed by
@@ -375,9 +375,11 @@ class ShardWriter:
         the GIL released, and appended in order by the calling thread: the
         shard is the one ``add`` would give file after file. Files up to
         ``small`` bytes are read whole; larger ones are hashed, then read
-        again and streamed (memory stays bounded: a window of 64 files of
-        at most ``small`` bytes, and 1 MiB per thread). A file is read up to
-        its size when opened; fewer bytes is an error (it shrank).
+        again and streamed. Memory stays bounded: the threads read at most
+        1,024 files and about 16 MiB ahead of the writer (a larger file
+        counts as 1 MiB), plus 1 MiB per thread. A file is read up to its
+        size when opened (to its end when that size is 0, as /proc files
+        say); fewer bytes is an error (it shrank).
 
         The shard's own file, and the file whose ``(st_dev, st_ino)`` is
         ``exclude`` (the shard being replaced), are skipped silently.

@@ -273,27 +273,31 @@ def _name(raw: bytes, null: bool) -> str:
 class _InThread:
     """``fn(*args, **kwargs)`` run in a new thread; :meth:`result` waits
     for it (even through Ctrl-C) and returns its value or raises its
-    exception."""
+    exception. (Waited for through an Event the call sets when it ends, not
+    Thread.join: a join interrupted by Ctrl-C may take a running thread for
+    a finished one, and the call uses the writer.)"""
 
     def __init__(self, fn, *args, **kwargs):
         self._value = self._error = None
+        self._done = threading.Event()
 
         def run():
             try:
                 self._value = fn(*args, **kwargs)
             except BaseException as exc:  # handed to the caller of result()
                 self._error = exc
+            finally:
+                self._done.set()
 
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
+        threading.Thread(target=run, daemon=True).start()
 
     def join(self) -> None:
         """Wait for the call to end; a Ctrl-C meanwhile is raised after."""
         interrupted = False
         while True:
             try:
-                self._thread.join()
-                break
+                if self._done.wait():
+                    break
             except KeyboardInterrupt:
                 interrupted = True
         if interrupted:

@@ -793,7 +793,18 @@ static PyTypeObject ReaderType = {
 typedef struct {
     PyObject_HEAD
     sfs_writer_t *w;
+    int busy; /* add_files runs (the GIL released): the writer is not to be touched */
 } Writer;
+
+/* 0 with ValueError while add_files runs in another thread. */
+static int writer_idle(Writer *self)
+{
+    if (self->busy) {
+        PyErr_SetString(PyExc_ValueError, "the shard writer is in use by another thread");
+        return 0;
+    }
+    return 1;
+}
 
 static int writer_ready(Writer *self)
 {
@@ -801,7 +812,7 @@ static int writer_ready(Writer *self)
         PyErr_SetString(PyExc_ValueError, "the shard writer is closed");
         return 0;
     }
-    return 1;
+    return writer_idle(self);
 }
 
 static int Writer_init(Writer *self, PyObject *args, PyObject *kwds)
@@ -810,6 +821,10 @@ static int Writer_init(Writer *self, PyObject *args, PyObject *kwds)
     PyObject *path_obj;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&", kwlist, PyUnicode_FSConverter, &path_obj))
         return -1;
+    if (!writer_idle(self)) {
+        Py_DECREF(path_obj);
+        return -1;
+    }
     sfs_error_t err;
     sfs_writer_t *w = NULL;
     int rc = sfs_writer_open(PyBytes_AS_STRING(path_obj), &w, &err);
@@ -904,10 +919,12 @@ static PyObject *Writer_add_files(Writer *self, PyObject *args, PyObject *kwds)
     sfs_error_t err;
     sfs_add_files_result_t res;
     int rc;
+    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = sfs_writer_add_files(self->w, paths, (size_t)n, small, threads, exclude != Py_None,
                               ex_dev, ex_ino, &res, &err);
     Py_END_ALLOW_THREADS
+    self->busy = 0;
     if (rc != SFS_OK) {
         raise_error(&err);
         goto out;
@@ -964,6 +981,8 @@ static PyObject *Writer_finish(Writer *self, PyObject *unused)
 
 static PyObject *Writer_abort(Writer *self, PyObject *unused)
 {
+    if (!writer_idle(self))
+        return NULL;
     sfs_writer_abort(self->w);
     self->w = NULL;
     Py_RETURN_NONE;

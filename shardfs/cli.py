@@ -178,11 +178,8 @@ class _Excluder:
     st_ino)`` (:attr:`file`). Only names with the temporary prefix cost a
     ``realpath``: no stat per file."""
 
-    def __init__(self, shard: Optional[str]):
+    def __init__(self, shard: str):
         self.file: Optional[Tuple[int, int]] = None
-        self.prefixes: Tuple[str, ...] = ()
-        if shard is None:
-            return
         self.shard_dir = os.path.realpath(os.path.dirname(os.path.abspath(shard)))
         base = os.path.basename(shard)
         self.prefixes = (f".{base}.tmp-", f"{base}.tmp-")
@@ -194,7 +191,7 @@ class _Excluder:
 
     def temporary(self, directory: str, name: str) -> bool:
         """True for a writer's temporary file ``name`` in ``directory``."""
-        return bool(self.prefixes) and name.startswith(self.prefixes) and (
+        return name.startswith(self.prefixes) and (
             os.path.realpath(os.path.abspath(directory)) == self.shard_dir
         )
 
@@ -336,7 +333,7 @@ class _Adder:
 
     def _next(self, it: Iterator[str], listed: bool) -> List[str]:
         batch = list(itertools.islice(it, self.size))
-        if listed and self.excluder.prefixes:
+        if listed:
             batch = [p for p in batch if not self.excluder.temporary(
                 os.path.dirname(p) or ".", os.path.basename(p))]
         return batch

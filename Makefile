@@ -7,12 +7,13 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-APT_PACKAGES := libcmph-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
+APT_PACKAGES := libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
 	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools \
 	postgresql libpq-dev libsystemd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
-LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph)
+LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
+	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
 	shardfs/c/gindex.c
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
@@ -107,6 +108,16 @@ bench-workers: venv
 	mkdir -p bench/results && set -o pipefail && \
 	$(PIP) install -q -e '.[test,bench]' && \
 	$(PY) bench/workers_bench.py $(ARGS) | tee bench/results/workers.log
+
+# Create: `shardfs create` of 50,000 files of 1 B-4 KiB against tar -cf,
+# mksquashfs -comp lz4 and swh-shard create, alternated, best of 3
+# (bench/create_bench.py; the tree is kept in bench/data/create; ARGS=--before REV
+# also times the create of commit REV).
+.PHONY: bench-create
+bench-create: venv
+	mkdir -p bench/results && set -o pipefail && \
+	$(PIP) install -q -e '.[test,bench]' && \
+	$(PY) bench/create_bench.py $(ARGS) | tee bench/results/create.log
 
 # Scale: 1,000 shards vs 1, mount start time, daemon memory (bench/scale_bench.py;
 # ARGS=--quick for about 3 minutes, default 10M objects).

@@ -1,6 +1,7 @@
 """Build the shardfs package and its C extension against the system libcmph.
 
-`pip install .` (or `make venv`) needs libcmph-dev and pkg-config (Debian).
+`pip install .` (or `make venv`) needs libcmph-dev, libssl-dev (OpenSSL's libcrypto:
+SHA-256 in `shardfs create`) and pkg-config (Debian).
 """
 import subprocess
 
@@ -17,7 +18,7 @@ def pkg_config(flag, package, default):
 
 
 cflags = pkg_config("--cflags-only-I", "cmph", [])
-libs = pkg_config("--libs", "cmph", ["-lcmph"])
+libs = pkg_config("--libs", "cmph", ["-lcmph"]) + pkg_config("--libs", "libcrypto", ["-lcrypto"])
 
 extension = Extension(
     "shardfs._shardfs",

@@ -240,20 +240,61 @@ class DeviceReads:
         return False
 
 
-def run_timed(cmd: Sequence[str], device_of: Optional[str] = None) -> Tuple[float, float, Optional[float]]:
-    """Run a command; ``(seconds, peak RSS of the process in MiB, MB the
-    device holding ``device_of`` read meanwhile or None)``. Raises
-    CalledProcessError on a non-zero exit."""
+# Runs the command given as its arguments and prints, as JSON, the wall time
+# around it and its rusage. The command is forked from this small fresh
+# interpreter, not from the benchmark: a process started from a big one
+# inherits the big one's resident set as its peak (Linux keeps the peak of
+# the memory it had before exec), so ru_maxrss would say nothing. (This
+# interpreter's own ~12 MiB is the floor of the figure.)
+_MEASURE = """
+import json, os, subprocess, sys, time
+t = time.perf_counter()
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, ru = os.wait4(p.pid, 0)
+print(json.dumps({"seconds": time.perf_counter() - t, "status": os.waitstatus_to_exitcode(status),
+                  "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_mib": ru.ru_maxrss / 1024}))
+"""
+
+
+def run_measured(cmd: Sequence[str], device_of: Optional[str] = None, stdin=None) -> dict:
+    """Run a command (stdout discarded; ``stdin``: a file object or None).
+
+    :returns: ``{"seconds": wall clock, "cpu_s": user + system CPU seconds
+        of the process and its threads, "peak_rss_mib": its peak resident
+        set in MiB, "device_read_mb": MB the device holding ``device_of``
+        read meanwhile, or None}``.
+    :raises CalledProcessError: on a non-zero exit.
+    """
     dev = DeviceReads(device_of or ".")
     with dev:
-        t = time.perf_counter()
-        p = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL)
-        _, status, ru = os.wait4(p.pid, 0)
-        dt = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode:
-        raise subprocess.CalledProcessError(p.returncode, cmd)
-    return dt, ru.ru_maxrss / 1024, (dev.bytes / 1e6 if dev.bytes is not None else None)
+        out = subprocess.run([sys.executable, "-c", _MEASURE] + list(cmd), stdin=stdin,
+                             stdout=subprocess.PIPE, check=True).stdout
+    m = json.loads(out)
+    status = m.pop("status")
+    if status:
+        raise subprocess.CalledProcessError(status, cmd)
+    m["device_read_mb"] = dev.bytes / 1e6 if dev.bytes is not None else None
+    return m
+
+
+def run_timed(cmd: Sequence[str], device_of: Optional[str] = None) -> Tuple[float, float, Optional[float]]:
+    """Run a command; ``(seconds, peak RSS of the process in MiB, MB the
+    device holding ``device_of`` read meanwhile or None)`` (see
+    run_measured). Raises CalledProcessError on a non-zero exit."""
+    r = run_measured(cmd, device_of)
+    return r["seconds"], r["peak_rss_mib"], r["device_read_mb"]
+
+
+def write_results(out: str, name: str, res: dict, md: str) -> List[str]:
+    """Write ``out/<name>.json`` (``res``) and ``out/<name>.md`` (``md``);
+    returns their paths."""
+    paths = [os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.md")]
+    with open(paths[0], "w") as f:
+        json.dump(res, f, indent=1, default=str)
+        f.write("\n")
+    with open(paths[1], "w") as f:
+        f.write(md)
+    return paths
 
 
 def rm(path: str) -> None:

@@ -76,6 +76,7 @@ from build_bench import (  # noqa: E402  (same directory)
     machine_info,
     make_objects,
     random_pool,
+    write_results,
 )
 
 REPS = 3
@@ -120,7 +121,7 @@ def compile_c(outdir: str) -> str:
     src = [os.path.join(REPO, "bench", "c", "lookup_bench.c")] + sorted(
         os.path.join(core, f) for f in os.listdir(core) if f.endswith(".c") and f != "module.c")
     subprocess.run(["gcc", "-O2", "-std=gnu11", "-I" + os.path.join(REPO, "shardfs", "c"), *cflags,
-                    "-o", exe, *src, "-lcmph", "-lpthread"], check=True)
+                    "-o", exe, *src, "-lcmph", "-lcrypto", "-lpthread"], check=True)
     return exe
 
 
@@ -646,12 +647,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "datasets": datasets, "rows": rows, "skipped": skipped, "goals": goals, "goal_lines": lines,
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
-    with open(os.path.join(args.out, "lookup.json"), "w") as f:
-        json.dump(res, f, indent=1)
-        f.write("\n")
     md = markdown(res)
-    with open(os.path.join(args.out, "lookup.md"), "w") as f:
-        f.write(md)
+    write_results(args.out, "lookup", res, md)
     png = plot(res, args.out)
     print()
     print(md.split("\nGoals:")[0].split("\n", 2)[2])

@@ -20,11 +20,13 @@ with ``--debug`` to get the Python traceback as well.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import itertools
 import logging
 import os
 import stat
 import sys
+import threading
+import time
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger("shardfs")
@@ -117,24 +119,45 @@ def describe_oserror(exc: OSError) -> str:
     return reason
 
 
+class _NoBar:
+    """What _progress_bar gives when stderr is no terminal: counts like a
+    tqdm bar (``n``, ``update``, ``close``, ``with``), draws nothing, and
+    spares the import of tqdm (20-odd ms at each start)."""
+
+    n = 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 def _progress_bar(**kwargs):
-    """A tqdm progress bar on stderr, shown only when stderr is a terminal."""
+    """A tqdm progress bar on stderr when stderr is a terminal, else a
+    _NoBar."""
+    if not sys.stderr.isatty():
+        return _NoBar()
     from tqdm import tqdm
 
-    disable = not sys.stderr.isatty()
     size = {}  # by default tqdm asks the terminal
-    if not disable:
-        try:
-            columns, lines = os.get_terminal_size(sys.stderr.fileno())
-        except OSError:
-            columns = lines = 0
-        # A terminal of unknown size (0 x 0: `script`, a bare pty) would make
-        # tqdm draw nothing at all.
-        if columns <= 0:
-            size["ncols"] = 80
-        if lines <= 0:
-            size["nrows"] = 24
-    return tqdm(disable=disable, file=sys.stderr, **size, **kwargs)
+    try:
+        columns, lines = os.get_terminal_size(sys.stderr.fileno())
+    except OSError:
+        columns = lines = 0
+    # A terminal of unknown size (0 x 0: `script`, a bare pty) would make
+    # tqdm draw nothing at all.
+    if columns <= 0:
+        size["ncols"] = 80
+    if lines <= 0:
+        size["nrows"] = 24
+    return tqdm(file=sys.stderr, **size, **kwargs)
 
 
 def _open_shard(path: str, writable: bool = False):
@@ -147,110 +170,222 @@ def _open_shard(path: str, writable: bool = False):
 # ----------------------------------------------------------- collecting files
 
 
-def iter_source_files(
-    paths: Sequence[str], shard: Optional[str] = None
-) -> Iterator[Tuple[str, int]]:
-    """The regular files named by ``paths`` or found below them, streamed
-    (memory does not grow with the number of files).
+class _Excluder:
+    """What ``create`` leaves out of the shard it writes when it lies among
+    its sources: the writer's temporary files beside it (``.<name>.tmp-*``,
+    and ``<name>.tmp-*`` to be safe), by name; the shard file itself (when it
+    exists, to be replaced) is left out by the writer, by ``(st_dev,
+    st_ino)`` (:attr:`file`). Only names with the temporary prefix cost a
+    ``realpath``: no stat per file."""
 
-    A path given on the command line is followed if it is a symbolic link; in
-    directories, walked recursively, symbolic links (to files or to
-    directories) and special files are skipped with a debug message.
-
-    :param paths: files and directories.
-    :param shard: the shard being written, left out if it lies in a source
-        directory: the file itself (when it exists, to be replaced) and the
-        writer's temporary files beside it (``.<name>.tmp-*``, and
-        ``<name>.tmp-*`` to be safe).
-    :yields: ``(path, size in bytes)`` for each regular file, directories in
-        sorted order so that a tree always gives the same shard.
-    :raises OSError: a path that does not exist or a directory that cannot
-        be listed.
-    """
-    exclude = None
-    if shard is not None:
-        shard_dir = os.path.realpath(os.path.dirname(os.path.abspath(shard)))
+    def __init__(self, shard: str):
+        self.file: Optional[Tuple[int, int]] = None
+        self.shard_dir = os.path.realpath(os.path.dirname(os.path.abspath(shard)))
         base = os.path.basename(shard)
-        temp_prefixes = (f".{base}.tmp-", f"{base}.tmp-")
+        self.prefixes = (f".{base}.tmp-", f"{base}.tmp-")
         try:
             st = os.stat(shard)
-            exclude = (st.st_dev, st.st_ino)
+            self.file = (st.st_dev, st.st_ino)
         except OSError:
             pass
 
-    def wanted(path: str, st: os.stat_result) -> bool:
-        if shard is None:
-            return True
-        if exclude == (st.st_dev, st.st_ino):
-            return False
-        name = os.path.basename(path)
-        if name.startswith(temp_prefixes) and (
-            os.path.realpath(os.path.dirname(os.path.abspath(path))) == shard_dir
-        ):
-            return False
-        return True
-
-    def walk_error(exc: OSError) -> None:
-        raise exc
-
-    for top in paths:
-        st = os.stat(top)
-        if stat.S_ISREG(st.st_mode):
-            if wanted(top, st):
-                yield top, st.st_size
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            logger.debug("%s: not a regular file or a directory, skipped", top)
-            continue
-        for dirpath, dirnames, filenames in os.walk(top, onerror=walk_error):
-            dirnames.sort()
-            for name in dirnames:
-                if os.path.islink(os.path.join(dirpath, name)):
-                    logger.debug(
-                        "%s: symbolic link to a directory, not followed",
-                        os.path.join(dirpath, name),
-                    )
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                st = os.lstat(path)
-                if not stat.S_ISREG(st.st_mode):
-                    logger.debug("%s: not a regular file, skipped", path)
-                    continue
-                if wanted(path, st):
-                    yield path, st.st_size
+    def temporary(self, directory: str, name: str) -> bool:
+        """True for a writer's temporary file ``name`` in ``directory``."""
+        return name.startswith(self.prefixes) and (
+            os.path.realpath(os.path.abspath(directory)) == self.shard_dir
+        )
 
 
-def _name_oserror(exc: OSError, path: str) -> OSError:
-    """Set the file name of an OSError raised by read() (it has none)."""
-    if exc.filename is None:
-        exc.filename = path
-    return exc
+def walk_files(top: str, excluder: Optional[_Excluder] = None) -> Iterator[str]:
+    """The regular files found below the directory ``top``, recursively,
+    streamed: in each directory its files in sorted name order, then each
+    subdirectory in sorted order (``os.walk`` top-down order), so that a tree
+    always gives the same shard. Types come from the directory entries
+    (``d_type``): no stat per file. Symbolic links (to files or to
+    directories) and special files are skipped with a debug message;
+    ``top`` itself is followed if it is a link.
 
-
-def read_file(path: str) -> bytes:
-    """A (small) file's whole content. OSError names the file."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise _name_oserror(exc, path)
-
-
-def file_sha256(path: str) -> bytes:
-    """SHA-256 of a file's content, read in chunks.
-
-    :returns: the 32-byte digest. OSError names the file.
+    :param excluder: the writer's temporary files it names are left out.
+    :raises OSError: a directory that cannot be listed.
     """
-    try:
-        with open(path, "rb") as f:
-            if hasattr(hashlib, "file_digest"):
-                return hashlib.file_digest(f, "sha256").digest()
-            h = hashlib.sha256()
-            for chunk in iter(lambda: f.read(READ_CHUNK), b""):
-                h.update(chunk)
-            return h.digest()
-    except OSError as exc:
-        raise _name_oserror(exc, path)
+    debug = logger.isEnabledFor(logging.DEBUG)
+    stack = [top]
+    while stack:
+        directory = stack.pop()
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=_entry_name)
+        subdirs = []
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                if excluder is None or not excluder.temporary(directory, entry.name):
+                    yield entry.path
+            elif entry.is_dir(follow_symlinks=False):
+                subdirs.append(entry.path)
+            elif debug:
+                if entry.is_symlink() and entry.is_dir():
+                    logger.debug("%s: symbolic link to a directory, not followed", entry.path)
+                else:
+                    logger.debug("%s: not a regular file, skipped", entry.path)
+        stack.extend(reversed(subdirs))
+
+
+def _entry_name(entry: os.DirEntry) -> str:
+    return entry.name
+
+
+def read_names(stream, null: bool = False) -> Iterator[str]:
+    """File names from a binary stream (``--files-from``), streamed: one per
+    line, or NUL-terminated with ``null``; as GNU tar does, empty names are
+    skipped, the last name needs no terminator and nothing else is
+    stripped (spaces, a carriage return are part of the name).
+
+    :yields: names as ``str`` (undecodable bytes kept as surrogates, like
+        command-line arguments).
+    :raises UsageError: a NUL byte in a newline-separated name.
+    """
+    sep = b"\0" if null else b"\n"
+    read = getattr(stream, "read1", stream.read)
+    rest = b""
+    while True:
+        chunk = read(1 << 16)
+        if not chunk:
+            break
+        names = (rest + chunk).split(sep)
+        rest = names.pop()
+        for name in names:
+            if name:
+                yield _name(name, null)
+    if rest:
+        yield _name(rest, null)
+
+
+def _name(raw: bytes, null: bool) -> str:
+    if not null and b"\0" in raw:
+        start = os.fsdecode(raw.partition(b"\0")[0])
+        raise UsageError(f"{start!r}...: a listed name contains a NUL byte (use -0 for "
+                         f"NUL-separated names)")
+    return os.fsdecode(raw)
+
+
+class _InThread:
+    """``fn(*args, **kwargs)`` run in a new thread; :meth:`result` waits
+    for it (even through Ctrl-C) and returns its value or raises its
+    exception. (Waited for through an Event the call sets when it ends, not
+    Thread.join: a join interrupted by Ctrl-C may take a running thread for
+    a finished one, and the call uses the writer.)"""
+
+    def __init__(self, fn, *args, **kwargs):
+        self._value = self._error = None
+        self._done = threading.Event()
+
+        def run():
+            try:
+                self._value = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the caller of result()
+                self._error = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def join(self) -> None:
+        """Wait for the call to end; a Ctrl-C meanwhile is raised after."""
+        interrupted = False
+        while True:
+            try:
+                if self._done.wait():
+                    break
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
+
+    def result(self):
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _Adder:
+    """``create``'s loop: listed paths (files or directories) and the files
+    of the directories among them, handed to ``ShardWriter.add_files`` in
+    batches sized to take about BATCH_SECONDS each (so that Ctrl-C and the
+    progress bar are served), duplicates counted and logged. While the
+    writer's threads add a batch (the GIL released), this thread walks or
+    reads the list for the next one."""
+
+    BATCH_SECONDS = 0.05
+    BATCH_MIN, BATCH_MAX = 16, 8192  # files
+
+    def __init__(self, writer, excluder: _Excluder, bar):
+        self.writer = writer
+        self.excluder = excluder
+        self.bar = bar
+        self.duplicates = 0
+        self.size = 256  # files in a batch, the first time
+        self.debug = logger.isEnabledFor(logging.DEBUG)
+
+    def add_listed(self, paths: Iterable[str]) -> None:
+        """Add each path: a regular file, a directory (walked) or, skipped
+        with a debug message, anything else. ``paths`` is streamed."""
+        self._add(paths, listed=True)
+
+    def _next(self, it: Iterator[str], listed: bool) -> List[str]:
+        batch = list(itertools.islice(it, self.size))
+        if listed:
+            batch = [p for p in batch if not self.excluder.temporary(
+                os.path.dirname(p) or ".", os.path.basename(p))]
+        return batch
+
+    def _add_files(self, batch: List[str]):
+        return self.writer.add_files(batch, small=SMALL_FILE, exclude=self.excluder.file)
+
+    def _add(self, paths: Iterable[str], listed: bool) -> None:
+        from shardfs.shard import FILE_DIRECTORY
+
+        it = iter(paths)
+        batch = self._next(it, listed)
+        while batch:
+            start = time.monotonic()
+            job = _InThread(self._add_files, batch)
+            try:
+                following = self._next(it, listed)
+            finally:
+                job.join()  # the writer is in use until then
+            done, stopped, dups = job.result()
+            while True:
+                self.duplicates += len(dups)
+                if self.debug:
+                    for index, key in dups:
+                        logger.debug("%s: duplicate of %s, skipped", batch[index], key.hex())
+                self.bar.update(done)
+                if not stopped:
+                    break
+                path = batch[done]
+                if listed and stopped == FILE_DIRECTORY:
+                    self._add(walk_files(path, self.excluder), listed=False)
+                else:
+                    logger.debug("%s: not a regular file%s, skipped", path,
+                                 " or a directory" if listed else "")
+                batch = batch[done + 1:]
+                done, stopped, dups = self._add_files(batch)
+            elapsed = time.monotonic() - start
+            target = int(self.size * self.BATCH_SECONDS / elapsed) if elapsed > 0 else self.BATCH_MAX
+            self.size = max(self.BATCH_MIN, min(self.BATCH_MAX, target))
+            batch = following
+
+
+def _count_files(tops: Sequence[str], excluder: _Excluder) -> int:
+    """Regular files ``create`` will read from ``tops`` (a directory walk,
+    no stat per file): the progress bar's total."""
+    total = 0
+    for top in tops:
+        if os.path.isdir(top):
+            total += sum(1 for _ in walk_files(top, excluder))
+        elif os.path.isfile(top):
+            total += 1
+    return total
 
 
 # ------------------------------------------------------------------- commands
@@ -261,6 +396,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     from shardfs import ShardWriter
 
     shard = args.shard
+    if not args.paths and args.files_from is None:
+        raise UsageError("create: no PATH and no --files-from: nothing to store")
     if os.path.lexists(shard) and not args.force:
         try:
             is_device = stat.S_ISBLK(os.stat(shard).st_mode)
@@ -272,39 +409,29 @@ def cmd_create(args: argparse.Namespace) -> int:
         raise Failure(f"{shard}: already exists (use --force to replace it)")
     for top in args.paths:  # a missing source fails before anything is written
         os.stat(top)
+    names = None
+    if args.files_from is not None:
+        names = sys.stdin.buffer if args.files_from == "-" else open(args.files_from, "rb")
+    excluder = _Excluder(shard)
     total = None
-    if sys.stderr.isatty():
-        # a first walk, for the progress bar's total
-        total = sum(size for _, size in iter_source_files(args.paths, shard))
-        logger.info("%s to read", format_size(total))
+    if sys.stderr.isatty() and names is None:
+        total = _count_files(args.paths, excluder)  # a first walk, for the progress bar
 
-    duplicates = 0
-    with _progress_bar(
-        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="create"
-    ) as bar:
-        with ShardWriter(shard) as writer:
-            for path, size in iter_source_files(args.paths, shard):
-                if size <= SMALL_FILE:
-                    data = read_file(path)
-                    key = hashlib.sha256(data).digest()
-                    if key in writer:
-                        duplicates += 1
-                        logger.debug("%s: duplicate of %s, skipped", path, key.hex())
-                    else:
-                        writer.add(key, data)
-                else:
-                    key = file_sha256(path)
-                    if key in writer:
-                        duplicates += 1
-                        logger.debug("%s: duplicate of %s, skipped", path, key.hex())
-                    else:
-                        writer.add_file(key, path)
-                bar.update(size)
-            n_objects = len(writer)
-            n_bytes = writer.bytes_added
+    try:
+        with _progress_bar(total=total, unit=" files", desc="create") as bar:
+            with ShardWriter(shard) as writer:
+                adder = _Adder(writer, excluder, bar)
+                adder.add_listed(args.paths)
+                if names is not None:
+                    adder.add_listed(read_names(names, args.null))
+                n_objects = len(writer)
+                n_bytes = writer.bytes_added
+    finally:
+        if names is not None and names is not sys.stdin.buffer:
+            names.close()
     print(
         f"created {shard}: {n_objects} objects, {format_size(n_bytes)}, "
-        f"{duplicates} duplicates skipped"
+        f"{adder.duplicates} duplicates skipped"
     )
     return EXIT_OK
 
@@ -629,6 +756,19 @@ def _version() -> str:
         return getattr(sys.modules.get("shardfs"), "__version__", "unknown")
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up (importlib.metadata, some 20
+    ms) only when asked for, not at every start."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser._print_message(f"shardfs {_version()}\n", sys.stdout)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser for the whole command line."""
     # Options accepted both before and after the command name; SUPPRESS keeps
@@ -666,7 +806,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Run 'shardfs COMMAND --help' for the options of a command."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"shardfs {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name, func, help, description, examples):
@@ -683,15 +823,31 @@ def build_parser() -> argparse.ArgumentParser:
         "Build a shard from the regular files given or found (recursively) in the\n"
         "directories given. Each object is keyed by the SHA-256 of its content;\n"
         "identical contents are stored once. Symbolic links and special files\n"
-        "inside directories are skipped. On any error, or on Ctrl-C, no shard\n"
-        "is left behind.",
+        "inside directories are skipped. Objects are stored in the order given,\n"
+        "directories walked in sorted order (the same tree gives the same shard);\n"
+        "files are read and hashed by as many threads as there are CPUs.\n"
+        "\n"
+        "--files-from FILE reads more paths (files or directories) from FILE, or\n"
+        "from stdin for '-', after the PATHs given: one per line, or NUL-terminated\n"
+        "with -0; as with tar, empty names are skipped and nothing else is stripped.\n"
+        "The list is read as it is used: it may hold millions of paths.\n"
+        "\n"
+        "A missing or unreadable file is an error. On any error, or on Ctrl-C, no\n"
+        "shard is left behind.",
         "  shardfs create my.shard ./objects/\n"
         "  shardfs create my.shard a.txt b.bin more-files/\n"
+        "  find . -type f -print0 | shardfs create my.shard --files-from - -0\n"
+        "  shardfs create my.shard --files-from list.txt extra-dir/\n"
         "  shardfs create --force my.shard ./objects/   # replace my.shard\n"
         "  shardfs create --force /dev/rbd0 ./objects/  # onto a block device, in place\n",
     )
     p.add_argument("shard", metavar="SHARD", help="the shard file to create")
-    p.add_argument("paths", metavar="PATH", nargs="+", help="files and directories to store")
+    p.add_argument("paths", metavar="PATH", nargs="*", help="files and directories to store")
+    p.add_argument("-T", "--files-from", metavar="FILE",
+                   help="also store the files and directories listed in FILE ('-': stdin)")
+    p.add_argument("-0", "--null", action="store_true",
+                   help="names in --files-from end with a NUL byte, not a newline "
+                        "(find -print0, xargs -0)")
     p.add_argument("--force", action="store_true", help="replace SHARD if it exists")
 
     p = command(

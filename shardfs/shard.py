@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import namedtuple
-from typing import Callable, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _shardfs
 from .errors import CorruptShardError, DuplicateKeyError, ShardError
@@ -30,6 +30,22 @@ Header = namedtuple(
 )
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+
+#: ``ShardWriter.add_files`` stopped before a directory / another kind of
+#: non-regular file (the ``stopped`` it returns; 0 when it did not stop).
+FILE_DIRECTORY = 1
+FILE_OTHER = 2
+
+
+def default_threads() -> int:
+    """Threads ``ShardWriter.add_files`` reads with by default: the CPUs this
+    process may run on, at least 2 (one reads while the other waits for the
+    device)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(2, cpus)
 
 
 def _key(key) -> bytes:
@@ -351,6 +367,40 @@ class ShardWriter:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             self._writer.add_fd(raw, f.fileno(), size)
+
+    def add_files(self, paths: Sequence[Union[str, bytes, os.PathLike]], small: int,
+                  threads: Optional[int] = None, exclude: Optional[Tuple[int, int]] = None,
+                  ) -> Tuple[int, int, List[Tuple[int, bytes]]]:
+        """Append the regular files at ``paths``, in that order, each keyed by
+        the SHA-256 of its content; a content already added is skipped (a
+        duplicate). The files are opened, read and hashed by ``threads``
+        threads (default: the CPUs this process may use, at least 2) with
+        the GIL released, and appended in order by the calling thread: the
+        shard is the one ``add`` would give file after file. Files up to
+        ``small`` bytes are read whole; larger ones are hashed, then read
+        again and streamed. Memory stays bounded: the threads read at most
+        1,024 files and about 16 MiB ahead of the writer (a larger file
+        counts as 1 MiB), plus 1 MiB per thread. A file is read up to its
+        size when opened (to its end when that size is 0, as /proc files
+        say); fewer bytes is an error (it shrank).
+
+        The shard's own file, and the file whose ``(st_dev, st_ino)`` is
+        ``exclude`` (the shard being replaced), are skipped silently.
+
+        :returns: ``(done, stopped, duplicates)``: ``paths[:done]`` were
+            consumed; when ``done < len(paths)``, ``paths[done]`` was not,
+            being a directory (``stopped == FILE_DIRECTORY``) or another kind
+            of non-regular file (``FILE_OTHER``: FIFO, socket, device), and
+            the caller may go on from ``paths[done + 1:]``. ``duplicates``
+            lists ``(index in paths, key)`` of the files skipped as
+            duplicates.
+        :raises OSError: a file that cannot be opened or read, or that shrank,
+            named in the message (the objects before it stay added), or a
+            write error; ValueError for a path with a NUL byte.
+        """
+        if threads is None:
+            threads = default_threads()
+        return self._writer.add_files(paths, small, threads, exclude)
 
     def __contains__(self, key: Key) -> bool:
         return self._writer.contains(_key(key))

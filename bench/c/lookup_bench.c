@@ -22,7 +22,8 @@
  * an error: the key file must come from the shard).
  *
  * Build: gcc -O2 -Ishardfs/c bench/c/lookup_bench.c shardfs/c/shard.c \
- *            shardfs/c/chd.c shardfs/c/writer.c -lcmph -lpthread
+ *            shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c \
+ *            -lcmph -lcrypto -lpthread
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -29,7 +29,8 @@
  * at the end. Wall clock, CLOCK_MONOTONIC.
  *
  * Build: gcc -O2 -Ishardfs/c -Itests/c bench/c/sidecar_bench.c shardfs/c/shard.c \
- *            shardfs/c/chd.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c -lcmph -lpthread
+ *            shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c \
+ *            shardfs/c/output.c -lcmph -lcrypto -lpthread
  */
 #define _GNU_SOURCE
 #include <fcntl.h>

@@ -877,7 +877,18 @@ static PyTypeObject ReaderType = {
 typedef struct {
     PyObject_HEAD
     sfs_writer_t *w;
+    int busy; /* add_files runs (the GIL released): the writer is not to be touched */
 } Writer;
+
+/* 0 with ValueError while add_files runs in another thread. */
+static int writer_idle(Writer *self)
+{
+    if (self->busy) {
+        PyErr_SetString(PyExc_ValueError, "the shard writer is in use by another thread");
+        return 0;
+    }
+    return 1;
+}
 
 static int writer_ready(Writer *self)
 {
@@ -885,7 +896,7 @@ static int writer_ready(Writer *self)
         PyErr_SetString(PyExc_ValueError, "the shard writer is closed");
         return 0;
     }
-    return 1;
+    return writer_idle(self);
 }
 
 static int Writer_init(Writer *self, PyObject *args, PyObject *kwds)
@@ -894,6 +905,10 @@ static int Writer_init(Writer *self, PyObject *args, PyObject *kwds)
     PyObject *path_obj;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&", kwlist, PyUnicode_FSConverter, &path_obj))
         return -1;
+    if (!writer_idle(self)) {
+        Py_DECREF(path_obj);
+        return -1;
+    }
     sfs_error_t err;
     sfs_writer_t *w = NULL;
     int rc = sfs_writer_open(PyBytes_AS_STRING(path_obj), &w, &err);
@@ -955,6 +970,72 @@ static PyObject *Writer_add_fd(Writer *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *Writer_add_files(Writer *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"paths", "small", "threads", "exclude", NULL};
+    PyObject *paths_obj, *exclude = Py_None;
+    unsigned long long small;
+    unsigned int threads;
+    if (!writer_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "OKI|O", kwlist, &paths_obj, &small, &threads,
+                                     &exclude))
+        return NULL;
+    unsigned long long ex_dev = 0, ex_ino = 0;
+    if (exclude != Py_None && !PyArg_ParseTuple(exclude, "KK;exclude is (st_dev, st_ino)",
+                                                &ex_dev, &ex_ino))
+        return NULL;
+    PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **encoded = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    const char **paths = PyMem_Calloc(n ? n : 1, sizeof(char *));
+    PyObject *result = NULL;
+    if (!encoded || !paths) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, i), &encoded[i]))
+            goto out;
+        paths[i] = PyBytes_AS_STRING(encoded[i]);
+    }
+    sfs_error_t err;
+    sfs_add_files_result_t res;
+    int rc;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_writer_add_files(self->w, paths, (size_t)n, small, threads, exclude != Py_None,
+                              ex_dev, ex_ino, &res, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != SFS_OK) {
+        raise_error(&err);
+        goto out;
+    }
+    PyObject *dups = PyList_New((Py_ssize_t)res.n_dups);
+    for (size_t k = 0; dups && k < res.n_dups; k++) {
+        PyObject *item = Py_BuildValue("(ny#)", (Py_ssize_t)res.dup_index[k],
+                                       res.dup_keys + SFS_KEY_SIZE * k, (Py_ssize_t)SFS_KEY_SIZE);
+        if (!item)
+            Py_CLEAR(dups);
+        else
+            PyList_SET_ITEM(dups, (Py_ssize_t)k, item);
+    }
+    free(res.dup_index);
+    free(res.dup_keys);
+    if (dups)
+        result = Py_BuildValue("(niN)", (Py_ssize_t)res.done, res.stopped, dups);
+out:
+    if (encoded)
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(encoded[i]);
+    PyMem_Free(encoded);
+    PyMem_Free(paths);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyObject *Writer_contains(Writer *self, PyObject *arg)
 {
     uint8_t key[SFS_KEY_SIZE];
@@ -985,6 +1066,8 @@ static PyObject *Writer_finish(Writer *self, PyObject *unused)
 
 static PyObject *Writer_abort(Writer *self, PyObject *unused)
 {
+    if (!writer_idle(self))
+        return NULL;
     sfs_writer_abort(self->w);
     self->w = NULL;
     Py_RETURN_NONE;
@@ -1013,6 +1096,13 @@ static PyMethodDef Writer_methods[] = {
     {"add", (PyCFunction)Writer_add, METH_VARARGS, "add(key32, data): append one object."},
     {"add_fd", (PyCFunction)Writer_add_fd, METH_VARARGS,
      "add_fd(key32, fd, size): append `size` bytes read from fd."},
+    {"add_files", (PyCFunction)(void (*)(void))Writer_add_files, METH_VARARGS | METH_KEYWORDS,
+     "add_files(paths, small, threads, exclude=None) -> (done, stopped, [(index, key32)...]):\n"
+     "add the regular files at `paths` (str, bytes or path-like), in order, keyed by SHA-256,\n"
+     "read and hashed by `threads` threads with the GIL released; duplicates skipped and\n"
+     "listed. Stops before a path that is a directory (stopped 1) or another non-regular\n"
+     "file (stopped 2); `done` paths were consumed. Files of the shard being written and\n"
+     "exclude=(st_dev, st_ino) are skipped. OSError naming the file on a read error."},
     {"contains", (PyCFunction)Writer_contains, METH_O, "contains(key32) -> bool."},
     {"finish", (PyCFunction)Writer_finish, METH_NOARGS,
      "Build the perfect hash, write index and header, fsync, rename into place; returns "

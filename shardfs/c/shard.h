@@ -237,6 +237,46 @@ int sfs_writer_add(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], const void 
 int sfs_writer_add_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, uint64_t size,
                       sfs_error_t *err);
 
+/* What sfs_writer_add_files() found at paths[done] when it stopped early. */
+enum sfs_file_kind {
+    SFS_FILE_REGULAR = 0,   /* (not a stop: every path was consumed) */
+    SFS_FILE_DIRECTORY = 1, /* a directory */
+    SFS_FILE_OTHER = 2,     /* neither a regular file nor a directory (FIFO, socket, device) */
+};
+
+typedef struct sfs_add_files_result {
+    size_t done;       /* paths consumed, from paths[0] on */
+    int stopped;       /* an sfs_file_kind: SFS_FILE_REGULAR when done == n, else the kind
+                        * of paths[done], which was not consumed */
+    size_t *dup_index; /* indexes into paths of the duplicates skipped (malloc'ed, the caller
+                        * frees it), their keys in dup_keys (32 bytes each) */
+    uint8_t *dup_keys;
+    size_t n_dups;
+} sfs_add_files_result_t;
+
+/* Add regular files by path, in the order given, each as one object keyed by
+ * the SHA-256 of its content (OpenSSL); a content already in the shard is
+ * skipped and listed as a duplicate. `threads` threads (1 to 64) open, fstat,
+ * read and hash the files ahead of the calling thread, which appends them in
+ * order; at most a window of files is in memory at once. Files of up to
+ * `small` bytes are read whole into memory; larger ones are hashed, then
+ * read again and streamed by the writer (memory bounded by a 1 MiB buffer
+ * per thread). A file is opened without blocking (O_NONBLOCK: a FIFO does
+ * not hang) and read up to its fstat size: fewer bytes is an error (it
+ * shrank), more are ignored. Files that are the shard being written, or whose
+ * (st_dev, st_ino) is (exclude_dev, exclude_ino) when `exclude` is set, are
+ * skipped silently (not objects, not duplicates).
+ *
+ * Stops before paths[i] when it is not a regular file (or cannot be opened
+ * for being a socket: ENXIO), with res->done = i and res->stopped its kind,
+ * so that the caller walks a directory or skips it. On error (SFS_EIO naming
+ * the file: missing, unreadable, shrank; or a write error) res->done is the
+ * index of the failed path; the objects before it stay added and the writer
+ * stays usable. */
+int sfs_writer_add_files(sfs_writer_t *w, const char *const *paths, size_t n, uint64_t small,
+                         unsigned threads, int exclude, uint64_t exclude_dev, uint64_t exclude_ino,
+                         sfs_add_files_result_t *res, sfs_error_t *err);
+
 /* 1 if the key was added already, else 0. */
 int sfs_writer_contains(const sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE]);
 uint64_t sfs_writer_count(const sfs_writer_t *w);       /* objects added */

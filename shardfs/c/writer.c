@@ -24,6 +24,9 @@
 #include <cmph.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +37,7 @@
 #define BLOCK_BITS 16
 #define BLOCK_ENTRIES (1u << BLOCK_BITS)
 #define BUFFER_SIZE (1u << 20)
+#define WRITEBACK (8u << 20)
 #define MAX_KEYS (UINT32_MAX - 2) /* cmph counts keys in u32 */
 
 typedef struct entry {
@@ -54,6 +58,8 @@ struct sfs_writer {
     uint32_t *table;  /* entry index + 1; 0 = free */
     uint64_t table_cap;
     uint64_t cursor;  /* cmph key source position */
+    uint64_t written_back; /* bytes [SFS_OBJECTS_POSITION, written_back) sent to the device */
+    struct job *jobs; /* sfs_writer_add_files's window, kept with its buffers from call to call */
 };
 
 static inline entry_t *entry_at(const sfs_writer_t *w, uint64_t i)
@@ -115,6 +121,15 @@ static int flush(sfs_writer_t *w)
         return -1;
     w->flushed += w->buf_len;
     w->buf_len = 0;
+    /* Start writing back what is written, WRITEBACK bytes at a time, without
+     * waiting: the device works while objects come, and the fdatasync of
+     * finish() has only the tail left to wait for. (Best effort: an error
+     * shows there.) */
+    if (w->flushed - w->written_back >= WRITEBACK) {
+        sync_file_range(w->fd, (off64_t)w->written_back, (off64_t)(w->flushed - w->written_back),
+                        SYNC_FILE_RANGE_WRITE);
+        w->written_back = w->flushed;
+    }
     return 0;
 }
 
@@ -184,7 +199,7 @@ int sfs_writer_open(const char *path, sfs_writer_t **out, sfs_error_t *err)
             return rc;
         }
     }
-    w->flushed = SFS_OBJECTS_POSITION;
+    w->flushed = w->written_back = SFS_OBJECTS_POSITION;
     *out = w;
     return SFS_OK;
 }
@@ -268,39 +283,534 @@ int sfs_writer_add(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], const void 
     return SFS_OK;
 }
 
-int sfs_writer_add_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, uint64_t size,
-                      sfs_error_t *err)
+/* Append `left` bytes read from fd at its position, straight into the write
+ * buffer (flushed when full). 0; -1 when a write failed (errno set); -2 when
+ * a read failed, *read_errno = its errno, or 0 when the file ended first. */
+static int copy_fd(sfs_writer_t *w, int fd, uint64_t left, int *read_errno)
 {
-    uint64_t start;
-    int rc = begin_append(w, key, size, &start, err);
-    if (rc != SFS_OK)
-        return rc;
-    uint64_t left = size;
     while (left) {
-        /* Read straight into the write buffer; flush when full. */
-        if (w->buf_len == BUFFER_SIZE && flush(w) < 0) {
-            rc = io_fail(w, err, "writing an object");
-            rollback(w, start);
-            return rc;
-        }
+        if (w->buf_len == BUFFER_SIZE && flush(w) < 0)
+            return -1;
         size_t room = BUFFER_SIZE - w->buf_len;
         size_t want = left < room ? (size_t)left : room;
         ssize_t n = read(fd, w->buf + w->buf_len, want);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            int e = n < 0 ? errno : EIO;
-            rc = sfs_fail(err, SFS_EIO, e, "%s: reading an object's source: %s", w->path,
-                          n < 0 ? strerror(e) : "the file is shorter than its size (changed "
-                                                "while being added?)");
-            rollback(w, start);
-            return rc;
+            *read_errno = n < 0 ? errno : 0;
+            return -2;
         }
         w->buf_len += (size_t)n;
         left -= (uint64_t)n;
     }
+    return 0;
+}
+
+#define SHRANK "the file is shorter than its size (changed while being added?)"
+
+/* Append an object of `size` bytes read from fd at its position; a failed
+ * read is reported naming `source` (the file read), or when NULL as a
+ * failure of the writer. */
+static int add_from_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, uint64_t size,
+                       const char *source, sfs_error_t *err)
+{
+    uint64_t start;
+    int rc = begin_append(w, key, size, &start, err);
+    if (rc != SFS_OK)
+        return rc;
+    int read_errno;
+    int got = copy_fd(w, fd, size, &read_errno);
+    if (got == -1) {
+        rc = io_fail(w, err, "writing an object");
+    } else if (got == -2) {
+        const char *why = read_errno ? strerror(read_errno) : SHRANK;
+        int e = read_errno ? read_errno : EIO;
+        rc = source ? sfs_fail(err, SFS_EIO, e, "%s: %s", source, why)
+                    : sfs_fail(err, SFS_EIO, e, "%s: reading an object's source: %s", w->path, why);
+    }
+    if (got < 0) {
+        rollback(w, start);
+        return rc;
+    }
     commit_object(w, key, start, size);
     return SFS_OK;
+}
+
+int sfs_writer_add_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, uint64_t size,
+                      sfs_error_t *err)
+{
+    return add_from_fd(w, key, fd, size, NULL, err);
+}
+
+/* ------------------------------------------------------------- add_files */
+
+#define WINDOW 1024        /* files read ahead of the writer, at most... */
+#define INFLIGHT (16u << 20) /* ...and bytes they hold, about (a large file: 1 MiB) */
+#define CLAIM 4            /* files a reader takes at a time */
+#define LAG 32             /* a writer that must wait sleeps until this many more are ready */
+#define HASH_CHUNK (1u << 20) /* bytes per read when hashing a large file */
+#define MAX_THREADS 64
+
+/* One path being read: filled by a reader thread, consumed by the writer. */
+typedef struct job {
+    atomic_int ready; /* filled in */
+    int kind;         /* an sfs_file_kind */
+    int skip;         /* the shard being written, or the excluded file */
+    int fd;           /* a large file, left open for the writer; else -1 */
+    int sys_errno;    /* != 0: opening or reading failed */
+    int shrank;       /* the file ended before its fstat size */
+    uint8_t key[SFS_KEY_SIZE];
+    uint8_t *data;    /* a small file's bytes: a buffer of `cap` bytes kept from
+                       * file to file up to KEEP bytes (malloc'ed) */
+    size_t cap;
+    uint64_t size;
+    uint64_t charge;  /* what it counts in batch.inflight */
+} job_t;
+
+#define KEEP (16u << 10)
+
+/* A reader thread's own state. */
+typedef struct reader {
+    EVP_MD_CTX *ctx;
+    uint8_t *chunk;   /* HASH_CHUNK bytes, for large files (malloc'ed when needed) */
+    char *dir;        /* the directory of the last path opened... */
+    size_t dir_len, dir_cap;
+    int dirfd;        /* ...open (O_PATH) to open the next ones in it by name; -1 none */
+} reader_t;
+
+typedef struct batch {
+    const char *const *paths;
+    size_t n;
+    uint64_t small;
+    dev_t skip_dev[2];
+    ino_t skip_ino[2];
+    int n_skip;
+    EVP_MD *md;
+    job_t *jobs;          /* WINDOW jobs (the writer's): path i in jobs[i % WINDOW] */
+    /* Jobs are claimed, marked ready and consumed with atomics; the lock
+     * and conditions serve only a thread that must sleep: it announces
+     * itself (awaited, readers_waiting) before checking again, the other
+     * side checks for it after its own store (both sequentially
+     * consistent), and signals under the lock. */
+    pthread_mutex_t lock;
+    pthread_cond_t ready;        /* the job the writer awaits is ready */
+    pthread_cond_t room;         /* the writer consumed jobs */
+    atomic_size_t next;          /* the next path to claim */
+    atomic_size_t consumed;      /* paths the writer is done with */
+    atomic_size_t awaited;       /* 1 + the index of the job the writer sleeps on; 0: none */
+    atomic_uint_fast64_t inflight; /* bytes held by ready jobs (job.charge) */
+    atomic_size_t wake_at;       /* wake sleeping readers once `consumed` reaches it; 0: any */
+    atomic_int readers_waiting;
+    atomic_int stop;
+} batch_t;
+
+static void release_job(job_t *j)
+{
+    if (j->cap > KEEP) {
+        free(j->data);
+        j->data = NULL;
+        j->cap = 0;
+    }
+    if (j->fd >= 0)
+        close(j->fd);
+    j->fd = -1;
+    atomic_store_explicit(&j->ready, 0, memory_order_relaxed); /* published by `consumed` */
+}
+
+/* Read exactly len bytes at offset 0 on: 0, or -1 with errno (0 when the
+ * file ended first). */
+static int read_exact(int fd, uint8_t *buf, size_t len)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t got = read(fd, buf + done, len - done);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            if (got == 0)
+                errno = 0;
+            return -1;
+        }
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+/* Make j->data hold at least len bytes: 0, or -1 (ENOMEM). */
+static int job_room(job_t *j, size_t len)
+{
+    if (len <= j->cap)
+        return 0;
+    size_t cap = len < 4096 ? 4096 : len;
+    free(j->data);
+    j->data = malloc(cap);
+    j->cap = j->data ? cap : 0;
+    return j->data ? 0 : -1;
+}
+
+/* Read to the end of a file into j->data, j->size bytes: 0, or -1 with
+ * errno. */
+static int read_unsized(int fd, job_t *j)
+{
+    size_t len = 0;
+    if (job_room(j, 4096) < 0)
+        return -1;
+    for (;;) {
+        ssize_t got = read(fd, j->data + len, j->cap - len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            return -1;
+        if (got == 0)
+            break;
+        len += (size_t)got;
+        if (len == j->cap) {
+            uint8_t *more = realloc(j->data, 2 * j->cap);
+            if (!more)
+                return -1;
+            j->data = more;
+            j->cap *= 2;
+        }
+    }
+    j->size = len;
+    return 0;
+}
+
+/* open(path) for reading, through the directory of the previous path when
+ * it is the same (openat by name: the kernel resolves one component, not
+ * the whole path). The path is opened whole when it has no directory part
+ * or its directory cannot be opened (the error is then the path's own). */
+static int open_source(reader_t *r, const char *path)
+{
+    const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path || !slash[1])
+        return open(path, flags);
+    size_t len = (size_t)(slash - path);
+    if (!r->dir || len != r->dir_len || memcmp(path, r->dir, len) != 0) {
+        if (r->dirfd >= 0)
+            close(r->dirfd);
+        r->dirfd = -1;
+        if (len + 1 > r->dir_cap) {
+            char *dir = realloc(r->dir, len + 1);
+            if (!dir)
+                return open(path, flags);
+            r->dir = dir;
+            r->dir_cap = len + 1;
+        }
+        memcpy(r->dir, path, len);
+        r->dir[len] = 0;
+        r->dir_len = len;
+        r->dirfd = open(r->dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    }
+    return r->dirfd >= 0 ? openat(r->dirfd, slash + 1, flags) : open(path, flags);
+}
+
+/* Open, fstat, read and hash paths[i] into j (a reader thread). */
+static void read_job(batch_t *b, job_t *j, const char *path, reader_t *r)
+{
+    j->kind = SFS_FILE_REGULAR;
+    j->skip = j->sys_errno = j->shrank = 0;
+    j->fd = -1;
+    j->size = 0;
+    int fd = open_source(r, path);
+    if (fd < 0) {
+        if (errno == ENXIO) /* a socket */
+            j->kind = SFS_FILE_OTHER;
+        else
+            j->sys_errno = errno;
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        j->sys_errno = errno;
+        close(fd);
+        return;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        j->kind = S_ISDIR(st.st_mode) ? SFS_FILE_DIRECTORY : SFS_FILE_OTHER;
+        close(fd);
+        return;
+    }
+    for (int k = 0; k < b->n_skip; k++)
+        if (st.st_dev == b->skip_dev[k] && st.st_ino == b->skip_ino[k]) {
+            j->skip = 1;
+            close(fd);
+            return;
+        }
+    j->size = (uint64_t)st.st_size;
+    EVP_MD_CTX *ctx = r->ctx;
+    if (!EVP_DigestInit_ex2(ctx, b->md, NULL)) {
+        j->sys_errno = ENOMEM;
+        close(fd);
+        return;
+    }
+    if (j->size == 0) {
+        /* Empty, or a file whose size says nothing (/proc): read to the end. */
+        if (read_unsized(fd, j) < 0)
+            j->sys_errno = errno ? errno : ENOMEM;
+        else
+            EVP_DigestUpdate(ctx, j->data, j->size);
+        close(fd);
+    } else if (j->size <= b->small) {
+        if (job_room(j, (size_t)j->size) < 0)
+            j->sys_errno = ENOMEM;
+        else if (read_exact(fd, j->data, j->size) < 0) {
+            j->shrank = errno == 0;
+            j->sys_errno = j->shrank ? EIO : errno;
+        } else {
+            EVP_DigestUpdate(ctx, j->data, j->size);
+        }
+        close(fd);
+    } else {
+        /* Hashed now through pread (the position stays 0), read again by
+         * the writer: memory stays bounded whatever the size. */
+        if (!r->chunk && !(r->chunk = malloc(HASH_CHUNK))) {
+            j->sys_errno = ENOMEM;
+            close(fd);
+            return;
+        }
+        uint64_t at = 0;
+        while (at < j->size) {
+            size_t want = j->size - at < HASH_CHUNK ? (size_t)(j->size - at) : HASH_CHUNK;
+            ssize_t got = pread(fd, r->chunk, want, (off_t)at);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                j->sys_errno = got < 0 ? errno : EIO;
+                j->shrank = got == 0;
+                close(fd);
+                return;
+            }
+            EVP_DigestUpdate(ctx, r->chunk, (size_t)got);
+            at += (uint64_t)got;
+        }
+        j->fd = fd;
+    }
+    if (!j->sys_errno && !EVP_DigestFinal_ex(ctx, j->key, NULL))
+        j->sys_errno = ENOMEM;
+}
+
+/* A reader sleeps until path end - 1 fits in the window (end > 0), or until
+ * less than INFLIGHT bytes are held (end == 0: it holds no job then, so the
+ * writer cannot be waiting for it). It asks to be woken a quarter window or
+ * half the bytes later, not at every file. */
+static void wait_room(batch_t *b, size_t end)
+{
+    pthread_mutex_lock(&b->lock);
+    atomic_fetch_add(&b->readers_waiting, 1);
+    while (!atomic_load(&b->stop) && (end ? end > atomic_load(&b->consumed) + WINDOW
+                                          : atomic_load(&b->inflight) >= INFLIGHT)) {
+        size_t at = end ? end - WINDOW + WINDOW / 4 : 0, cur = atomic_load(&b->wake_at);
+        if (at && (!cur || at < cur))
+            atomic_store(&b->wake_at, at);
+        pthread_cond_wait(&b->room, &b->lock);
+    }
+    atomic_fetch_sub(&b->readers_waiting, 1);
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* Wake the sleeping readers (the writer). */
+static void wake_readers(batch_t *b)
+{
+    pthread_mutex_lock(&b->lock);
+    atomic_store(&b->wake_at, 0);
+    pthread_cond_broadcast(&b->room);
+    pthread_mutex_unlock(&b->lock);
+}
+
+static void *reader_main(void *arg)
+{
+    batch_t *b = arg;
+    reader_t r = {.ctx = EVP_MD_CTX_new(), .dirfd = -1};
+    while (!atomic_load(&b->stop)) {
+        if (atomic_load(&b->inflight) >= INFLIGHT)
+            wait_room(b, 0);
+        size_t i = atomic_fetch_add(&b->next, CLAIM);
+        if (i >= b->n)
+            break;
+        size_t end = i + CLAIM < b->n ? i + CLAIM : b->n;
+        if (end > atomic_load(&b->consumed) + WINDOW)
+            wait_room(b, end);
+        for (; i < end && !atomic_load(&b->stop); i++) {
+            job_t *j = &b->jobs[i % WINDOW];
+            if (r.ctx) {
+                read_job(b, j, b->paths[i], &r);
+            } else {
+                j->kind = SFS_FILE_REGULAR;
+                j->fd = -1;
+                j->size = 0;
+                j->sys_errno = ENOMEM;
+                j->shrank = 0;
+            }
+            /* A large file holds a descriptor: it counts as 1 MiB, which
+             * bounds the descriptors open too. */
+            j->charge = j->fd >= 0 ? HASH_CHUNK : j->size + sizeof(job_t);
+            atomic_fetch_add(&b->inflight, j->charge);
+            atomic_store(&j->ready, 1);
+            if (atomic_load(&b->awaited) == i + 1) {
+                pthread_mutex_lock(&b->lock);
+                pthread_cond_signal(&b->ready);
+                pthread_mutex_unlock(&b->lock);
+            }
+        }
+    }
+    free(r.chunk);
+    free(r.dir);
+    if (r.dirfd >= 0)
+        close(r.dirfd);
+    EVP_MD_CTX_free(r.ctx);
+    return NULL;
+}
+
+/* The writer sleeps until path i is ready. */
+static void await_job(batch_t *b, size_t i)
+{
+    job_t *j = &b->jobs[i % WINDOW];
+    if (atomic_load(&b->readers_waiting)) /* whatever they wait for */
+        wake_readers(b);
+    pthread_mutex_lock(&b->lock);
+    atomic_store(&b->awaited, i + 1);
+    while (!atomic_load(&j->ready))
+        pthread_cond_wait(&b->ready, &b->lock);
+    atomic_store(&b->awaited, 0);
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* The writer's part for one ready job: 1 to go on, 0 to stop (res set), or
+ * an error status. */
+static int take_job(sfs_writer_t *w, job_t *j, const char *path, size_t i,
+                    sfs_add_files_result_t *res, sfs_error_t *err)
+{
+    if (j->sys_errno)
+        return sfs_fail(err, j->sys_errno == ENOMEM ? SFS_ENOMEM : SFS_EIO, j->sys_errno,
+                        "%s: %s", path, j->shrank ? SHRANK : strerror(j->sys_errno));
+    if (j->kind != SFS_FILE_REGULAR) {
+        res->stopped = j->kind;
+        return 0;
+    }
+    if (j->skip)
+        return 1;
+    if (sfs_writer_contains(w, j->key)) {
+        if ((res->n_dups & (res->n_dups - 1)) == 0) { /* 0, 1, 2, 4...: grow */
+            size_t cap = res->n_dups ? 2 * res->n_dups : 16;
+            size_t *idx = realloc(res->dup_index, cap * sizeof(size_t));
+            if (idx)
+                res->dup_index = idx;
+            uint8_t *keys = idx ? realloc(res->dup_keys, cap * SFS_KEY_SIZE) : NULL;
+            if (!keys)
+                return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+            res->dup_keys = keys;
+        }
+        res->dup_index[res->n_dups] = i;
+        memcpy(res->dup_keys + SFS_KEY_SIZE * res->n_dups, j->key, SFS_KEY_SIZE);
+        res->n_dups++;
+        return 1;
+    }
+    int rc = j->fd < 0 ? sfs_writer_add(w, j->key, j->data, j->size, err)
+                       : add_from_fd(w, j->key, j->fd, j->size, path, err);
+    return rc == SFS_OK ? 1 : rc;
+}
+
+int sfs_writer_add_files(sfs_writer_t *w, const char *const *paths, size_t n, uint64_t small,
+                         unsigned threads, int exclude, uint64_t exclude_dev, uint64_t exclude_ino,
+                         sfs_add_files_result_t *res, sfs_error_t *err)
+{
+    memset(res, 0, sizeof(*res));
+    if (n == 0)
+        return SFS_OK;
+    if (!w->jobs) {
+        if (!(w->jobs = calloc(WINDOW, sizeof(job_t))))
+            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+        for (int k = 0; k < WINDOW; k++)
+            w->jobs[k].fd = -1;
+    }
+    batch_t *b = calloc(1, sizeof(*b));
+    if (!b)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    b->jobs = w->jobs;
+    b->paths = paths;
+    b->n = n;
+    b->small = small;
+    struct stat st;
+    if (w->regular && fstat(w->fd, &st) == 0) {
+        b->skip_dev[b->n_skip] = st.st_dev;
+        b->skip_ino[b->n_skip++] = st.st_ino;
+    }
+    if (exclude) {
+        b->skip_dev[b->n_skip] = (dev_t)exclude_dev;
+        b->skip_ino[b->n_skip++] = (ino_t)exclude_ino;
+    }
+    b->md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    if (!b->md) {
+        free(b);
+        return sfs_fail(err, SFS_EINVAL, 0, "OpenSSL has no SHA-256");
+    }
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->ready, NULL);
+    pthread_cond_init(&b->room, NULL);
+
+    if (threads < 1)
+        threads = 1;
+    if (threads > MAX_THREADS)
+        threads = MAX_THREADS;
+    if (threads > n)
+        threads = (unsigned)n;
+    pthread_t tids[MAX_THREADS];
+    unsigned started = 0;
+    int rc = SFS_OK;
+    for (; started < threads; started++)
+        if ((errno = pthread_create(&tids[started], NULL, reader_main, b)) != 0)
+            break;
+    if (started == 0)
+        rc = sfs_fail(err, SFS_ENOMEM, errno, "%s: cannot start a thread: %s", w->path,
+                      strerror(errno));
+
+    size_t i = 0;
+    for (; rc == SFS_OK && i < n; i++) {
+        job_t *j = &b->jobs[i % WINDOW];
+        if (!atomic_load(&j->ready)) {
+            /* Sleep until a few more are ready, not once per file. */
+            await_job(b, i + LAG < n ? i + LAG : n - 1);
+            if (!atomic_load(&j->ready))
+                await_job(b, i);
+        }
+        int go = take_job(w, j, paths[i], i, res, err);
+        atomic_fetch_sub(&b->inflight, j->charge);
+        release_job(j);
+        if (go != 1) {
+            rc = go == 0 ? SFS_OK : go;
+            break;
+        }
+        atomic_store(&b->consumed, i + 1);
+        if (atomic_load(&b->readers_waiting) && i + 1 >= atomic_load(&b->wake_at) &&
+            atomic_load(&b->inflight) <= INFLIGHT / 2)
+            wake_readers(b);
+    }
+    res->done = i;
+
+    atomic_store(&b->stop, 1);
+    pthread_mutex_lock(&b->lock);
+    pthread_cond_broadcast(&b->room);
+    pthread_mutex_unlock(&b->lock);
+    for (unsigned t = 0; t < started; t++)
+        pthread_join(tids[t], NULL);
+    for (int k = 0; k < WINDOW; k++) /* read ahead past a stop or an error */
+        if (atomic_load(&b->jobs[k].ready))
+            release_job(&b->jobs[k]);
+    pthread_cond_destroy(&b->room);
+    pthread_cond_destroy(&b->ready);
+    pthread_mutex_destroy(&b->lock);
+    EVP_MD_free(b->md);
+    free(b);
+    if (rc != SFS_OK) {
+        free(res->dup_index);
+        free(res->dup_keys);
+        res->dup_index = NULL;
+        res->dup_keys = NULL;
+        res->n_dups = 0;
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------ key source */
@@ -552,6 +1062,9 @@ out:
 
 static void free_writer(sfs_writer_t *w)
 {
+    for (int k = 0; w->jobs && k < WINDOW; k++)
+        free(w->jobs[k].data);
+    free(w->jobs);
     for (uint64_t i = 0; i < w->nblocks; i++)
         free(w->blocks[i]);
     free(w->blocks);

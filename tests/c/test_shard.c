@@ -3,8 +3,10 @@
  *
  * Builds real shards in a temporary directory and checks: round trips,
  * our CHD_PH evaluator against cmph's own cmph_search (present and absent
- * keys), batch lookups against single ones, duplicates, empty shards, delete, concurrent readers, and that
- * truncated or corrupted files are rejected without crashing.
+ * keys), batch lookups against single ones, duplicates, empty shards,
+ * delete, concurrent readers, that truncated or corrupted files are rejected
+ * without crashing, and that sfs_writer_add_files writes what sfs_writer_add
+ * does file after file.
  */
 #define _GNU_SOURCE
 #include "chd.h"
@@ -13,6 +15,7 @@
 #include <cmph.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -511,6 +514,134 @@ static void test_bad_displacement(void)
     free(bad);
 }
 
+/* Bytes [objects_position, + objects_size) of a shard file (malloc'ed). */
+static uint8_t *objects_section(const char *path, uint64_t *len)
+{
+    sfs_shard_t *s;
+    sfs_error_t err;
+    if (sfs_open(path, 0, &s, &err) != SFS_OK) {
+        fprintf(stderr, "%s\n", err.message);
+        return NULL;
+    }
+    const sfs_header_t *h = sfs_header(s);
+    *len = h->objects_size;
+    uint8_t *buf = malloc(*len ? *len : 1);
+    int fd = open(path, O_RDONLY);
+    ssize_t got = pread(fd, buf, *len, (off_t)h->objects_position);
+    close(fd);
+    sfs_close(s);
+    if (got != (ssize_t)*len) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static void write_file(const char *path, const uint8_t *data, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, data, n) != (ssize_t)n)
+        perror(path);
+    close(fd);
+}
+
+/* sfs_writer_add_files: files read and hashed by threads, appended in the
+ * order given, make the objects section a writer fed file after file makes
+ * (SHA-256 keys, duplicates once); more files than the window, several
+ * calls, a large file streamed, stops before a directory and a FIFO, and a
+ * missing file fails naming it with the objects before it kept. */
+static void test_add_files(void)
+{
+    enum { N = 3000, SMALL = 1000 };
+    char *paths[N + 3];
+    uint8_t buf[4096];
+    mkdir(path_of("af"), 0755);
+    for (int i = 0; i < N; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "af/f%05d", i);
+        paths[i] = strdup(path_of(name));
+        uint64_t id = i % 7 == 3 ? (uint64_t)(i / 2) : (uint64_t)i; /* some duplicates */
+        size_t n = i == 1234 ? sizeof(buf) : obj_size(id);         /* one larger than SMALL */
+        obj_fill(id, buf, n);
+        write_file(paths[i], buf, n);
+    }
+    mkdir(path_of("af/sub"), 0755);
+    mkfifo(path_of("af/fifo"), 0644);
+    paths[N] = strdup(path_of("af/sub"));
+    paths[N + 1] = strdup(path_of("af/fifo"));
+    paths[N + 2] = strdup(path_of("af/f00001"));
+
+    /* the reference: file after file, through sfs_writer_add */
+    char ref[512], got[512];
+    snprintf(ref, sizeof(ref), "%s", path_of("af-ref.shard"));
+    snprintf(got, sizeof(got), "%s", path_of("af-got.shard"));
+    sfs_writer_t *w;
+    sfs_error_t err;
+    CHECK(sfs_writer_open(ref, &w, &err) == SFS_OK, "open");
+    size_t ref_dups = 0;
+    for (int i = 0; i < N; i++) {
+        int fd = open(paths[i], O_RDONLY);
+        ssize_t n = read(fd, buf, sizeof(buf));
+        close(fd);
+        uint8_t key[32];
+        unsigned int klen;
+        EVP_Digest(buf, (size_t)n, key, &klen, EVP_sha256(), NULL);
+        if (sfs_writer_contains(w, key))
+            ref_dups++;
+        else
+            CHECK(sfs_writer_add(w, key, buf, (uint64_t)n, &err) == SFS_OK, "add");
+    }
+    CHECK(sfs_writer_finish(w, NULL, &err) == SFS_OK, "finish");
+
+    CHECK(sfs_writer_open(got, &w, &err) == SFS_OK, "open");
+    sfs_add_files_result_t res;
+    size_t dups = 0, at = 0;
+    unsigned threads[] = {3, 1, 2};
+    for (int call = 0; at < N; call++) { /* 1000, 1000, 1000 paths */
+        size_t n = N / 3;
+        CHECK(sfs_writer_add_files(w, (const char *const *)paths + at, n, SMALL, threads[call], 0,
+                                   0, 0, &res, &err) == SFS_OK, "add_files: %s", err.message);
+        CHECK(res.done == n && res.stopped == SFS_FILE_REGULAR, "all done: %zu", res.done);
+        for (size_t k = 1; k < res.n_dups; k++)
+            CHECK(res.dup_index[k] > res.dup_index[k - 1], "duplicates in order");
+        dups += res.n_dups;
+        free(res.dup_index);
+        free(res.dup_keys);
+        at += n;
+    }
+    CHECK(dups == ref_dups, "%zu duplicates, expected %zu", dups, ref_dups);
+    /* a directory, then a FIFO (not opened for good: no hang), then a duplicate */
+    CHECK(sfs_writer_add_files(w, (const char *const *)paths + N, 3, SMALL, 2, 0, 0, 0, &res,
+                               &err) == SFS_OK && res.done == 0 && res.stopped == SFS_FILE_DIRECTORY,
+          "stops before the directory");
+    CHECK(sfs_writer_add_files(w, (const char *const *)paths + N + 1, 2, SMALL, 2, 0, 0, 0, &res,
+                               &err) == SFS_OK && res.done == 0 && res.stopped == SFS_FILE_OTHER,
+          "stops before the FIFO");
+    CHECK(sfs_writer_add_files(w, (const char *const *)paths + N + 2, 1, SMALL, 2, 0, 0, 0, &res,
+                               &err) == SFS_OK && res.done == 1 && res.n_dups == 1 &&
+              res.dup_index[0] == 0, "a duplicate listed");
+    free(res.dup_index);
+    free(res.dup_keys);
+    /* a missing file: an error naming it, done = its index, the writer usable */
+    const char *missing[] = {paths[0], path_of("af/missing"), paths[1]};
+    uint64_t count = sfs_writer_count(w);
+    CHECK(sfs_writer_add_files(w, missing, 3, SMALL, 2, 0, 0, 0, &res, &err) == SFS_EIO &&
+              res.done == 1 && err.sys_errno == ENOENT && strstr(err.message, "af/missing"),
+          "missing file: %s", err.message);
+    CHECK(sfs_writer_count(w) == count, "nothing added by the failed call");
+    CHECK(sfs_writer_finish(w, NULL, &err) == SFS_OK, "finish: %s", err.message);
+
+    uint64_t len_ref = 0, len_got = 0;
+    uint8_t *a = objects_section(ref, &len_ref), *b = objects_section(got, &len_got);
+    CHECK(a && b && len_ref == len_got && memcmp(a, b, len_ref) == 0,
+          "objects section as file after file (%llu vs %llu bytes)", (unsigned long long)len_got,
+          (unsigned long long)len_ref);
+    free(a);
+    free(b);
+    for (int i = 0; i < N + 3; i++)
+        free(paths[i]);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/shardfs-ctest-XXXXXX");
@@ -528,6 +659,7 @@ int main(void)
     test_threads();
     test_bad_files();
     test_bad_displacement();
+    test_add_files();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0)

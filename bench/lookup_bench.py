@@ -441,6 +441,11 @@ def goal_lines(rows: List[dict]) -> tuple:
 
     combos = [(ds, cache) for ds in ("small", "medium") for cache in ("hot", "cold")
               if get(ds, "swh.shard.Shard", 1, cache)]
+    # The kinds of lookup issue 12 sets goals for. Hot 64 KiB objects are
+    # measured and shown, without a verdict: a batch of them is bound by
+    # memory (the batch's bytes are allocated and written afresh, see
+    # the README, Python API), not by the lookups.
+    goal_kinds = {("small", "hot"), ("small", "cold"), ("medium", "cold")}
     # (name, interface, threads, compared with, at least); a missing figure is a MISS
     targets = [
         ("Python API lookup+read ≥ 2× swh-shard (1 thread)", "shardfs.Shard", 1, "swh", 2.0),
@@ -455,6 +460,10 @@ def goal_lines(rows: List[dict]) -> tuple:
         for ds, cache in combos:
             r = get(ds, iface, threads, cache)
             x = r and r.get("ratio_vs_swh" if versus == "swh" else "vs_1_thread")
+            if (ds, cache) not in goal_kinds:
+                if x is not None:
+                    parts.append(f"({ds} {cache} {x:.2f}×, no goal)")
+                continue
             if x is None:
                 parts.append(f"{ds} {cache} not measured MISS")
                 goals.setdefault(title, {})[f"{ds} {cache}"] = {"ratio": None, "pass": False}

@@ -119,7 +119,8 @@ def compile_c(outdir: str) -> str:
         cflags = []
     core = os.path.join(REPO, "shardfs", "c")  # every C file but the Python binding
     src = [os.path.join(REPO, "bench", "c", "lookup_bench.c")] + sorted(
-        os.path.join(core, f) for f in os.listdir(core) if f.endswith(".c") and f != "module.c")
+        os.path.join(core, f) for f in os.listdir(core)
+        if f.endswith(".c") and f != "module.c" and not f.startswith("py_"))
     subprocess.run(["gcc", "-O2", "-std=gnu11", "-I" + os.path.join(REPO, "shardfs", "c"), *cflags,
                     "-o", exe, *src, "-lcmph", "-lcrypto", "-lpthread"], check=True)
     return exe

@@ -849,10 +849,28 @@ static double now(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-/* Build with cmph: the function's dump in *dump (malloc'ed), the function
- * itself in *mph. */
-static int build_cmph(sfs_writer_t *w, char **dump, size_t *dump_len, cmph_t **mph,
-                      sfs_error_t *err)
+/* The perfect hash over the writer's keys, as finish() builds, checks and
+ * writes it. */
+typedef struct hash {
+    char *dump;           /* the function as cmph_dump() writes it (malloc'ed) */
+    size_t dump_len;
+    cmph_t *mph;          /* cmph's: its builder's, or the dump loaded back */
+    sfs_chd_t chd;        /* our evaluator, over dump */
+    uint64_t slots;
+    uint32_t *slot_entry; /* the entry in each slot, UINT32_MAX for none (malloc'ed) */
+} hash_t;
+
+static void free_hash(hash_t *hs)
+{
+    free(hs->slot_entry);
+    free(hs->dump);
+    if (hs->mph)
+        cmph_destroy(hs->mph);
+}
+
+/* Build with cmph: hs->mph and its dump in hs->dump. `ours_failed` is why
+ * our builder failed before ("" when it was not tried): an error names it. */
+static int build_cmph(sfs_writer_t *w, hash_t *hs, const char *ours_failed, sfs_error_t *err)
 {
     cmph_io_adapter_t source = {
         .data = w,
@@ -868,42 +886,39 @@ static int build_cmph(sfs_writer_t *w, char **dump, size_t *dump_len, cmph_t **m
     cmph_config_set_graphsize(config, 0.99);
     cmph_config_set_keys_per_bin(config, 1);
     cmph_config_set_b(config, 4);
-    *mph = cmph_new(config);
+    hs->mph = cmph_new(config);
     cmph_config_destroy(config);
-    if (!*mph)
+    if (!hs->mph && *ours_failed)
+        return sfs_fail(err, SFS_EHASH, 0, "%s: %s; cmph could not build one either", w->path,
+                        ours_failed);
+    if (!hs->mph)
         return sfs_fail(err, SFS_EHASH, 0, "%s: cmph could not build the perfect hash over %llu "
                         "keys", w->path, (unsigned long long)w->count);
-    FILE *mem = open_memstream(dump, dump_len);
-    if (!mem) {
-        cmph_destroy(*mph);
-        *mph = NULL;
+    /* A memory stream fails only when it cannot grow (cmph_dump itself
+     * ignores its write errors: ferror tells). */
+    FILE *mem = open_memstream(&hs->dump, &hs->dump_len);
+    if (!mem)
         return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
-    }
-    cmph_dump(*mph, mem);
-    if (fclose(mem) != 0) {
-        cmph_destroy(*mph);
-        *mph = NULL;
-        free(*dump);
-        *dump = NULL;
-        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
-    }
+    int dumped = cmph_dump(hs->mph, mem) == 1 && !ferror(mem);
+    if (fclose(mem) != 0 || !dumped)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory writing cmph's perfect hash "
+                        "into memory (cmph_dump or fclose of its memory stream failed)", w->path);
     return SFS_OK;
 }
 
-/* Build with chd_build.c: *dump (malloc'ed) on success; SFS_EHASH when no
- * seed worked (the caller then tries cmph). */
-static int build_ours(sfs_writer_t *w, char **dump, size_t *dump_len, sfs_error_t *err)
+/* Build with chd_build.c: hs->dump. SFS_EHASH when no seed worked, the
+ * reason in why (the caller then tries cmph). */
+static int build_ours(sfs_writer_t *w, hash_t *hs, char *why, size_t why_size, sfs_error_t *err)
 {
     sfs_chd_built_t built;
-    char why[200];
     int rc = sfs_chd_build(key_at, w, w->count ? w->count : 1, SFS_KEY_SIZE, NULL, &built, why,
-                           sizeof(why));
+                           why_size);
     if (rc == SFS_CHD_BUILD_NOMEM)
-        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: %s", w->path, why);
     if (rc != SFS_CHD_BUILD_OK)
         return sfs_fail(err, SFS_EHASH, 0, "%s: %s", w->path, why);
-    *dump = (char *)built.dump;
-    *dump_len = built.dump_len;
+    hs->dump = (char *)built.dump;
+    hs->dump_len = built.dump_len;
     return SFS_OK;
 }
 
@@ -915,148 +930,164 @@ static int want_cmph_builder(void)
     return v && strcmp(v, "cmph") == 0;
 }
 
+/* The perfect hash over the keys into hs (dump, and mph when cmph built
+ * it): ours, or cmph's when asked for or when ours finds no seed. */
+static int build_hash(sfs_writer_t *w, hash_t *hs, sfs_build_stats_t *stats, sfs_error_t *err)
+{
+    char why[200] = "";
+    stats->builder = "shardfs";
+    if (!want_cmph_builder()) {
+        int rc = build_ours(w, hs, why, sizeof(why), err);
+        if (rc != SFS_EHASH)
+            return rc;
+    }
+    stats->builder = "cmph";
+    return build_cmph(w, hs, why, err);
+}
+
+/* hs->mph: the dump (built by ours) loaded back by cmph_load, as
+ * swh-shard's reader loads it. */
+static int load_cmph(sfs_writer_t *w, hash_t *hs, sfs_error_t *err)
+{
+    FILE *mem = fmemopen(hs->dump, hs->dump_len, "r");
+    if (!mem) {
+        int e = errno;
+        return sfs_fail(err, e == ENOMEM ? SFS_ENOMEM : SFS_EIO, e, "%s: fmemopen of the perfect "
+                        "hash for cmph_load: %s", w->path, strerror(e));
+    }
+    hs->mph = cmph_load(mem);
+    if (fclose(mem) != 0) {
+        int e = errno;
+        return sfs_fail(err, SFS_EIO, e, "%s: fclose of the perfect hash read by cmph_load: %s",
+                        w->path, strerror(e));
+    }
+    if (!hs->mph)
+        return sfs_fail(err, SFS_EHASH, 0, "%s: cmph cannot load the perfect hash built",
+                        w->path);
+    return SFS_OK;
+}
+
+/* Every key is checked before anything is written: cmph (as swh-shard's
+ * reader evaluates the function) and our evaluator (the one our readers
+ * use) must agree on it, inside the index, and no slot may be used twice.
+ * The dump is validated by our parser first, then loaded by cmph. A
+ * disagreement costs a failed build, not an unreadable shard. Sets
+ * hs->chd, hs->slots and hs->slot_entry. */
+static int check_hash(sfs_writer_t *w, hash_t *hs, const char *builder, sfs_error_t *err)
+{
+    char why[256] = "";
+    if (sfs_chd_parse(&hs->chd, (const uint8_t *)hs->dump, hs->dump_len, why, sizeof(why)) < 0)
+        return sfs_fail(err, SFS_EHASH, 0, "%s: the perfect hash built (%s) cannot be read: %s",
+                        w->path, builder, why);
+    int rc = hs->mph ? SFS_OK : load_cmph(w, hs, err);
+    if (rc != SFS_OK)
+        return rc;
+    const uint64_t slots = hs->slots = cmph_size(hs->mph);
+    if (hs->chd.n != slots)
+        return sfs_fail(err, SFS_EHASH, 0, "%s: cmph and our parser disagree on the slot count "
+                        "(%llu and %u)", w->path, (unsigned long long)slots, hs->chd.n);
+    uint32_t *slot_entry = hs->slot_entry = malloc(slots * sizeof(uint32_t));
+    if (!slot_entry)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
+    memset(slot_entry, 0xff, slots * sizeof(uint32_t));
+    cmph_t *mph = hs->mph;
+    const sfs_chd_t *chd = &hs->chd;
+    for (uint64_t i = 0; i < w->count; i++) {
+        const uint8_t *key = entry_at(w, i)->key;
+        cmph_uint32 s = cmph_search(mph, (const char *)key, SFS_KEY_SIZE);
+        if (s >= slots || slot_entry[s] != UINT32_MAX || sfs_chd_search(chd, key, SFS_KEY_SIZE) != s)
+            return sfs_fail(err, SFS_EHASH, 0, "%s: perfect hash inconsistent at key %llu",
+                            w->path, (unsigned long long)i);
+        slot_entry[s] = (uint32_t)i;
+    }
+    return SFS_OK;
+}
+
+/* Append the index (a slot per hash value) and the dump; sets the
+ * header's index_size and hash_position. */
+static int write_index(sfs_writer_t *w, const hash_t *hs, sfs_header_t *h, sfs_error_t *err)
+{
+    h->index_size = hs->slots * SFS_SLOT_SIZE;
+    for (uint64_t s = 0; s < hs->slots; s++) {
+        uint8_t slot[SFS_SLOT_SIZE] = {0};
+        uint64_t off = SFS_EMPTY_OFFSET;
+        if (hs->slot_entry[s] != UINT32_MAX) {
+            const entry_t *e = entry_at(w, hs->slot_entry[s]);
+            memcpy(slot, e->key, SFS_KEY_SIZE);
+            off = e->offset;
+        }
+        off = __builtin_bswap64(off);
+        memcpy(slot + SFS_KEY_SIZE, &off, 8);
+        if (append(w, slot, sizeof(slot)) < 0)
+            return io_fail(w, err, "writing the index");
+    }
+    h->hash_position = pos(w);
+    if (append(w, hs->dump, hs->dump_len) < 0 || flush(w) < 0)
+        return io_fail(w, err, "writing the hash");
+    return SFS_OK;
+}
+
+/* Write the header block at byte 0 (last: until then the file has no
+ * magic), cut a regular file after the hash, fdatasync. */
+static int write_header_and_sync(sfs_writer_t *w, const sfs_header_t *h, sfs_error_t *err)
+{
+    uint8_t head[SFS_OBJECTS_POSITION] = {0};
+    memcpy(head, SFS_MAGIC, sizeof(SFS_MAGIC) - 1);
+    uint64_t fields[7] = {h->version, h->objects_count, h->objects_position, h->objects_size,
+                          h->index_position, h->index_size, h->hash_position};
+    for (int i = 0; i < 7; i++) {
+        uint64_t v = __builtin_bswap64(fields[i]);
+        memcpy(head + SFS_MAGIC_SIZE + 8 * i, &v, 8);
+    }
+    if (sfs_pwrite_all(w->fd, head, sizeof(head), 0) < 0)
+        return io_fail(w, err, "writing the header");
+    if (w->regular && ftruncate(w->fd, (off_t)w->flushed) < 0)
+        return io_fail(w, err, "truncating");
+    if (fdatasync(w->fd) < 0 && errno != EINVAL && errno != EROFS)
+        return io_fail(w, err, "fdatasync");
+    return SFS_OK;
+}
+
+/* Everything but publishing: the hash built and checked, index, hash and
+ * header written, the file synced. The timings into stats, but for
+ * sync_seconds (sfs_writer_finish's). */
 static int finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err)
 {
     double t0 = now();
-    int rc;
     if (flush(w) < 0)
         return io_fail(w, err, "writing objects");
-    sfs_header_t h = {0};
-    h.version = SFS_VERSION;
-    h.objects_count = w->count;
-    h.objects_position = SFS_OBJECTS_POSITION;
-    h.objects_size = w->flushed - SFS_OBJECTS_POSITION;
-    h.index_position = w->flushed;
+    sfs_header_t h = {
+        .version = SFS_VERSION,
+        .objects_count = w->count,
+        .objects_position = SFS_OBJECTS_POSITION,
+        .objects_size = w->flushed - SFS_OBJECTS_POSITION,
+        .index_position = w->flushed,
+    };
 
     /* The duplicate table is not needed any more: free it before the build. */
     free(w->table);
     w->table = NULL;
     w->table_cap = 0;
 
+    hash_t hs = {0};
     double tb = now();
-    char *dump = NULL;
-    size_t dump_len = 0;
-    cmph_t *mph = NULL;
-    stats->builder = "shardfs";
-    rc = SFS_EHASH;
-    if (!want_cmph_builder()) {
-        rc = build_ours(w, &dump, &dump_len, err);
-        if (rc == SFS_ENOMEM)
-            return rc;
-    }
-    if (rc != SFS_OK) {
-        stats->builder = "cmph";
-        rc = build_cmph(w, &dump, &dump_len, &mph, err);
-        if (rc != SFS_OK)
-            return rc;
-    }
+    int rc = build_hash(w, &hs, stats, err);
     double t1 = now();
-
-    /* Every key is checked before anything is written: cmph (as swh-shard's
-     * reader evaluates the function) and our evaluator (the one our readers
-     * use) must agree on it, inside the index, and no slot may be used
-     * twice. The dump is validated by our parser first, then loaded by
-     * cmph. A disagreement costs a failed build, not an unreadable shard. */
-    sfs_chd_t chd;
-    char why[256] = "";
-    uint64_t slots = 0;
-    uint32_t *slot_entry = NULL;
-    if (sfs_chd_parse(&chd, (const uint8_t *)dump, dump_len, why, sizeof(why)) < 0) {
-        rc = sfs_fail(err, SFS_EHASH, 0, "%s: the perfect hash built (%s) cannot be read: %s",
-                      w->path, stats->builder, why);
-        goto out;
-    }
-    if (!mph) {
-        FILE *mem = fmemopen(dump, dump_len, "r");
-        if (!mem) {
-            rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
-            goto out;
-        }
-        mph = cmph_load(mem);
-        fclose(mem);
-        if (!mph) {
-            rc = sfs_fail(err, SFS_EHASH, 0, "%s: cmph cannot load the perfect hash built",
-                          w->path);
-            goto out;
-        }
-    }
-    slots = cmph_size(mph);
-    if (chd.n != slots) {
-        rc = sfs_fail(err, SFS_EHASH, 0, "%s: cmph and our parser disagree on the slot count "
-                      "(%llu and %u)", w->path, (unsigned long long)slots, chd.n);
-        goto out;
-    }
-    slot_entry = malloc(slots * sizeof(uint32_t));
-    if (!slot_entry) {
-        rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", w->path);
-        goto out;
-    }
-    memset(slot_entry, 0xff, slots * sizeof(uint32_t));
-    for (uint64_t i = 0; i < w->count; i++) {
-        const uint8_t *key = entry_at(w, i)->key;
-        cmph_uint32 s = cmph_search(mph, (const char *)key, SFS_KEY_SIZE);
-        if (s >= slots || slot_entry[s] != UINT32_MAX || sfs_chd_search(&chd, key, SFS_KEY_SIZE) != s) {
-            rc = sfs_fail(err, SFS_EHASH, 0, "%s: perfect hash inconsistent at key %llu", w->path,
-                          (unsigned long long)i);
-            goto out;
-        }
-        slot_entry[s] = (uint32_t)i;
-    }
+    if (rc == SFS_OK)
+        rc = check_hash(w, &hs, stats->builder, err);
     double t2 = now();
-    h.index_size = slots * SFS_SLOT_SIZE;
-    for (uint64_t s = 0; s < slots; s++) {
-        uint8_t slot[SFS_SLOT_SIZE] = {0};
-        uint64_t off = SFS_EMPTY_OFFSET;
-        if (slot_entry[s] != UINT32_MAX) {
-            const entry_t *e = entry_at(w, slot_entry[s]);
-            memcpy(slot, e->key, SFS_KEY_SIZE);
-            off = e->offset;
-        }
-        off = __builtin_bswap64(off);
-        memcpy(slot + SFS_KEY_SIZE, &off, 8);
-        if (append(w, slot, sizeof(slot)) < 0) {
-            rc = io_fail(w, err, "writing the index");
-            goto out;
-        }
-    }
-    h.hash_position = pos(w);
-    if (append(w, dump, dump_len) < 0 || flush(w) < 0) {
-        rc = io_fail(w, err, "writing the hash");
-        goto out;
-    }
+    if (rc == SFS_OK)
+        rc = write_index(w, &hs, &h, err);
     double t3 = now();
-    /* Header block last: until it is written the file has no magic. */
-    uint8_t head[SFS_OBJECTS_POSITION] = {0};
-    memcpy(head, SFS_MAGIC, sizeof(SFS_MAGIC) - 1);
-    uint64_t fields[7] = {h.version, h.objects_count, h.objects_position, h.objects_size,
-                          h.index_position, h.index_size, h.hash_position};
-    for (int i = 0; i < 7; i++) {
-        uint64_t v = __builtin_bswap64(fields[i]);
-        memcpy(head + SFS_MAGIC_SIZE + 8 * i, &v, 8);
+    if (rc == SFS_OK)
+        rc = write_header_and_sync(w, &h, err);
+    if (rc == SFS_OK) {
+        stats->hash_seconds = t1 - tb;
+        stats->check_seconds = t2 - t1;
+        stats->index_seconds = (tb - t0) + (t3 - t2);
+        stats->slots = hs.slots;
     }
-    if (sfs_pwrite_all(w->fd, head, sizeof(head), 0) < 0) {
-        rc = io_fail(w, err, "writing the header");
-        goto out;
-    }
-    if (w->regular && ftruncate(w->fd, (off_t)w->flushed) < 0) {
-        rc = io_fail(w, err, "truncating");
-        goto out;
-    }
-    if (fdatasync(w->fd) < 0 && errno != EINVAL && errno != EROFS) {
-        rc = io_fail(w, err, "fdatasync");
-        goto out;
-    }
-    stats->hash_seconds = t1 - tb;
-    stats->check_seconds = t2 - t1;
-    stats->index_seconds = (tb - t0) + (t3 - t2);
-    stats->sync_seconds = now() - t3;
-    stats->slots = slots;
-    rc = SFS_OK;
-out:
-    free(slot_entry);
-    free(dump);
-    if (mph)
-        cmph_destroy(mph);
+    free_hash(&hs);
     return rc;
 }
 

@@ -353,104 +353,130 @@ static int write_sidecar(int fd, const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZ
     return 0;
 }
 
+/* A sidecar being built. */
+typedef struct {
+    const char *path;  /* the sidecar's */
+    index_t ix;        /* the shard's index */
+    uint32_t *dir;     /* bucket bounds, host order: 2^p + 1 once scanned */
+    uint64_t *entries; /* n: fingerprint << 32 | slot, by bucket */
+    uint64_t n;        /* live slots */
+    unsigned p;        /* prefix bits */
+} build_t;
+
+static int out_of_memory(const build_t *b, sfs_error_t *err)
+{
+    return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory building the sidecar of %s",
+                    b->path, b->ix.path);
+}
+
+/* Pass 1 over buckets of p0 bits (count_pass), then p from n, and the
+ * counts summed into buckets of p bits (2^(p0-p) each): dir[b] = end of
+ * bucket b, dir[2^p] = n. The digest of the pass in *digest. */
+static int count_buckets(build_t *b, unsigned p0, uint64_t *digest, sfs_error_t *err)
+{
+    uint32_t *grown = realloc(b->dir, ((UINT64_C(1) << p0) + 1) * sizeof(uint32_t));
+    if (!grown)
+        return out_of_memory(b, err);
+    b->dir = grown;
+    int rc = count_pass(&b->ix, p0, b->dir, &b->n, digest, err);
+    if (rc != SFS_OK)
+        return rc;
+    b->p = sfs_sidecar_bits_for(b->n);
+    uint64_t buckets = UINT64_C(1) << b->p, group = UINT64_C(1) << (p0 - b->p), total = 0;
+    for (uint64_t k = 0; k < buckets; k++) {
+        uint64_t c = 0;
+        for (uint64_t j = 0; j < group; j++)
+            c += b->dir[k * group + j];
+        total += c;
+        b->dir[k] = (uint32_t)total; /* end of bucket k */
+    }
+    b->dir[buckets] = (uint32_t)b->n;
+    if (b->p < p0 && (grown = realloc(b->dir, (buckets + 1) * sizeof(uint32_t))))
+        b->dir = grown; /* many empty slots: give the rest back */
+    return SFS_OK;
+}
+
+/* The live slots into b (n, p, dir as bucket starts, entries unsorted
+ * within their bucket): pass 1 counts, pass 2 scatters, again while a slot
+ * was deleted or rewritten between them (at most BUILD_ATTEMPTS times). */
+static int scan_index(build_t *b, sfs_error_t *err)
+{
+    /* p0 >= p, the final prefix bits: the live slots are at most all. */
+    unsigned p0 = sfs_sidecar_bits_for(b->ix.slots);
+    for (int attempt = 1;; attempt++) {
+        free(b->entries);
+        b->entries = NULL;
+        uint64_t digest;
+        int rc = count_buckets(b, p0, &digest, err), same;
+        if (rc != SFS_OK)
+            return rc;
+        b->entries = malloc((b->n ? b->n : 1) * sizeof(uint64_t));
+        if (!b->entries)
+            return out_of_memory(b, err);
+        rc = scatter_pass(&b->ix, b->p, b->dir, b->entries, b->n, digest, &same, err);
+        if (rc != SFS_OK || same)
+            return rc;
+        if (attempt == BUILD_ATTEMPTS)
+            return sfs_fail(err, SFS_EIO, EAGAIN, "%s: the shard's index changed during each of "
+                            "%d attempts to build its sidecar", b->ix.path, BUILD_ATTEMPTS);
+    }
+}
+
+/* Write the sorted sidecar to fd, fdatasync, and publish it at b->path. */
+static int write_and_publish(build_t *b, int fd, char **tmp_path,
+                             const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE], sfs_error_t *err)
+{
+    int e;
+    if (write_sidecar(fd, identity, b->p, b->n, b->ix.slots, b->dir, b->entries,
+                      (uint32_t *)b->ix.buf) < 0) {
+        e = errno;
+        return sfs_fail(err, SFS_EIO, e, "%s: writing the sidecar: %s", b->path, strerror(e));
+    }
+    if (fdatasync(fd) < 0) {
+        e = errno;
+        return sfs_fail(err, SFS_EIO, e, "%s: writing the sidecar: fdatasync: %s", b->path,
+                        strerror(e));
+    }
+    if (sfs_output_publish(fd, tmp_path, b->path) < 0) {
+        e = errno;
+        return sfs_fail(err, SFS_EIO, e, "%s: putting the sidecar in place: %s", b->path,
+                        strerror(e));
+    }
+    sfs_sync_directory(b->path);
+    return SFS_OK;
+}
+
 int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
                       const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE], sfs_error_t *err)
 {
-    index_t ix = {.fd = -1};
-    uint32_t *dir = NULL;
-    uint64_t *entries = NULL;
+    build_t b = {.path = path, .ix = {.path = sfs_path(shard), .fd = -1}};
     char *tmp_path = NULL;
-    int fd = -1, rc;
+    int fd = -1;
 
     /* The output first: an unwritable directory fails before the scans. */
-    if ((rc = sfs_output_create(path, 0600, &fd, &tmp_path, err)) != SFS_OK)
-        goto done;
-    if ((rc = index_open(&ix, shard, err)) != SFS_OK)
-        goto done;
-    /* p0 >= p, the final prefix bits: the live slots are at most all. */
-    unsigned p0 = sfs_sidecar_bits_for(ix.slots), p = 0;
-    uint64_t n = 0;
-    ix.buf = malloc((size_t)CHUNK_SLOTS * SFS_SLOT_SIZE);
-    if (!ix.buf)
-        goto nomem;
-    for (int attempt = 1;; attempt++) {
-        /* 1. Count the live slots per bucket of p0 bits; then p from n, and
-         * the counts summed into buckets of p bits (2^(p0-p) each). */
-        free(entries);
-        entries = NULL;
-        uint32_t *grown = realloc(dir, ((UINT64_C(1) << p0) + 1) * sizeof(uint32_t));
-        if (!grown)
-            goto nomem;
-        dir = grown;
-        uint64_t digest;
-        if ((rc = count_pass(&ix, p0, dir, &n, &digest, err)) != SFS_OK)
-            goto done;
-        p = sfs_sidecar_bits_for(n);
-        uint64_t buckets = UINT64_C(1) << p, group = UINT64_C(1) << (p0 - p), total = 0;
-        for (uint64_t b = 0; b < buckets; b++) {
-            uint64_t c = 0;
-            for (uint64_t k = 0; k < group; k++)
-                c += dir[b * group + k];
-            total += c;
-            dir[b] = (uint32_t)total; /* end of bucket b */
-        }
-        dir[buckets] = (uint32_t)n;
-        if (p < p0 && (grown = realloc(dir, (buckets + 1) * sizeof(uint32_t))))
-            dir = grown; /* many empty slots: give the rest back */
+    int rc = sfs_output_create(path, 0600, &fd, &tmp_path, err);
+    if (rc == SFS_OK)
+        rc = index_open(&b.ix, shard, err);
+    if (rc == SFS_OK && !(b.ix.buf = malloc((size_t)CHUNK_SLOTS * SFS_SLOT_SIZE)))
+        rc = out_of_memory(&b, err);
+    if (rc == SFS_OK)
+        rc = scan_index(&b, err);
+    if (rc == SFS_OK) /* each bucket by (top 64 bits, slot) */
+        rc = sort_buckets(&b.ix, b.p, b.dir, b.entries, err);
+    if (b.ix.fd >= 0)
+        close(b.ix.fd);
+    if (rc == SFS_OK)
+        rc = write_and_publish(&b, fd, &tmp_path, identity, err);
 
-        /* 2. Scan again, each entry into its bucket: dir[b] becomes the
-         * start of bucket b. */
-        entries = malloc((n ? n : 1) * sizeof(uint64_t));
-        if (!entries)
-            goto nomem;
-        int same;
-        if ((rc = scatter_pass(&ix, p, dir, entries, n, digest, &same, err)) != SFS_OK)
-            goto done;
-        if (same)
-            break;
-        /* A slot was deleted (or rewritten) between the scans. */
-        if (attempt == BUILD_ATTEMPTS) {
-            rc = sfs_fail(err, SFS_EIO, EAGAIN, "%s: the shard's index changed during each of "
-                          "%d attempts to build its sidecar", ix.path, BUILD_ATTEMPTS);
-            goto done;
-        }
-    }
-
-    /* 3. Sort each bucket by (top 64 bits, slot). */
-    if ((rc = sort_buckets(&ix, p, dir, entries, err)) != SFS_OK)
-        goto done;
-    close(ix.fd);
-    ix.fd = -1;
-
-    /* 4. Write, sync, publish. */
-    if (write_sidecar(fd, identity, p, n, ix.slots, dir, entries, (uint32_t *)ix.buf) < 0 ||
-        fdatasync(fd) < 0) {
-        rc = sfs_fail(err, SFS_EIO, errno, "%s: writing the sidecar: %s", path, strerror(errno));
-        goto done;
-    }
-    if (sfs_output_publish(fd, &tmp_path, path) < 0) {
-        rc = sfs_fail(err, SFS_EIO, errno, "%s: putting the sidecar in place: %s", path,
-                      strerror(errno));
-        goto done;
-    }
-    sfs_sync_directory(path);
-    rc = SFS_OK;
-    goto done;
-nomem:
-    rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory building the sidecar of %s", path,
-                  sfs_path(shard));
-done:
     if (fd >= 0)
         close(fd); /* an unnamed file not published is freed here */
     if (tmp_path) {
         unlink(tmp_path);
         free(tmp_path);
     }
-    if (ix.fd >= 0)
-        close(ix.fd);
-    free(ix.buf);
-    free(dir);
-    free(entries);
+    free(b.ix.buf);
+    free(b.dir);
+    free(b.entries);
     return rc;
 }
 

@@ -143,9 +143,12 @@ uint64_t sfs_chd_dump_size(const uint8_t *buf, uint64_t avail)
         return -1;                                                                                 \
     } while (0)
 
-int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, size_t why_size)
+/* The fields around the compressed sequence: algorithm name, slot count,
+ * hash state and seed, the sequence's length, n and nbuckets. Sets seed,
+ * n, nbuckets and dump_size; the sequence is the next *cs_len bytes at 31. */
+static int parse_frame(sfs_chd_t *c, const uint8_t *buf, uint64_t len, uint64_t *cs_len,
+                       char *why, size_t why_size)
 {
-    memset(c, 0, sizeof(*c));
     if (len < 31)
         FAIL("hash section is %llu bytes, too short for a CHD_PH function", (unsigned long long)len);
     if (memcmp(buf, ALGO, ALGO_LEN) != 0)
@@ -154,23 +157,35 @@ int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, siz
     if (le32(buf + 11) != HL_LEN || memcmp(buf + 15, HASHNAME, sizeof(HASHNAME)) != 0)
         FAIL("hash section: hash state is not a 12-byte jenkins state");
     c->seed = le32(buf + 23);
-    uint64_t cs_len = le32(buf + 27);
-    uint64_t total = 31 + cs_len + 8;
+    *cs_len = le32(buf + 27);
+    uint64_t total = 31 + *cs_len + 8;
     if (total > len)
         FAIL("hash section: compressed sequence length %llu runs past the end of the file",
-             (unsigned long long)cs_len);
-    const uint8_t *cs = buf + 31;
-    if (cs_len < 24)
-        FAIL("hash section: compressed sequence length %llu too short", (unsigned long long)cs_len);
-    uint32_t cs_n = le32(cs), rem_r = le32(cs + 4), total_length = le32(cs + 8);
-    uint64_t sel_len = le32(cs + 12);
-    uint32_t n = le32(buf + 31 + cs_len), nbuckets = le32(buf + 31 + cs_len + 4);
+             (unsigned long long)*cs_len);
+    if (*cs_len < 24)
+        FAIL("hash section: compressed sequence length %llu too short",
+             (unsigned long long)*cs_len);
+    uint32_t n = le32(buf + 31 + *cs_len), nbuckets = le32(buf + 31 + *cs_len + 4);
     if (n != size)
         FAIL("hash section: slot counts disagree (%u and %u)", size, n);
     if (n < 2)
         FAIL("hash section: %u slots, at least 2 expected", n);
-    if (nbuckets == 0 || cs_n != nbuckets)
-        FAIL("hash section: bucket counts disagree (%u and %u)", cs_n, nbuckets);
+    c->n = n;
+    c->nbuckets = nbuckets;
+    c->dump_size = total;
+    return 0;
+}
+
+/* The compressed sequence's own fields and the sizes of its parts (select
+ * structure, length remainders, store) against its length; sets the rest
+ * of c. */
+static int parse_sequence(sfs_chd_t *c, const uint8_t *cs, uint64_t cs_len, char *why,
+                          size_t why_size)
+{
+    uint32_t cs_n = le32(cs), rem_r = le32(cs + 4), total_length = le32(cs + 8);
+    uint64_t sel_len = le32(cs + 12);
+    if (c->nbuckets == 0 || cs_n != c->nbuckets)
+        FAIL("hash section: bucket counts disagree (%u and %u)", cs_n, c->nbuckets);
     if (rem_r > 31)
         FAIL("hash section: remainder width %u bits, at most 31 expected", rem_r);
     if (16 + sel_len > cs_len || sel_len < 8)
@@ -194,8 +209,6 @@ int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, siz
              (unsigned long long)cs_len,
              (unsigned long long)(16 + sel_len + 4 * lr_words + 4 * store_words));
 
-    c->n = n;
-    c->nbuckets = nbuckets;
     c->rem_r = rem_r;
     c->total_length = total_length;
     c->nbits = nbits;
@@ -206,15 +219,18 @@ int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, siz
     c->length_rems_words = lr_words;
     c->store = c->length_rems + 4 * lr_words;
     c->store_words = store_words;
-    c->dump_size = total;
+    return 0;
+}
 
-    /* The select vector must hold exactly sel_n ones below nbits, and the
-     * select table must give the position of every 128th one: then every
-     * query below stays inside the vector. The code of every bucket must
-     * end at or after the previous one's end, at most 31 bits later and
-     * inside the store: then displacement() cannot fail, and every key
-     * maps to a slot (as shard.h promises for sfs_slot_of). One pass, 64
-     * bits at a time. */
+/* The select vector must hold exactly nbuckets ones below nbits, and the
+ * select table must give the position of every 128th one: then every
+ * query stays inside the vector. The code of every bucket must end at or
+ * after the previous one's end, at most 31 bits later and inside the
+ * store: then displacement() cannot fail, and every key maps to a slot (as
+ * shard.h promises for sfs_slot_of). One pass, 64 bits at a time. */
+static int check_codes(const sfs_chd_t *c, char *why, size_t why_size)
+{
+    const uint64_t nbits = c->nbits, sel_n = c->nbuckets;
     uint64_t ones = 0, prev_end = 0;
     for (uint64_t byte = 0; byte * 8 < nbits; byte += 8) {
         uint64_t w = bits64(c, byte);
@@ -228,7 +244,7 @@ int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, siz
                     FAIL("hash section: select table entry %llu is wrong",
                          (unsigned long long)(ones >> 7));
                 uint64_t end = code_end(c, (uint32_t)ones, at);
-                if (end < prev_end || end - prev_end > 31 || end > total_length)
+                if (end < prev_end || end - prev_end > 31 || end > c->total_length)
                     FAIL("hash section: the displacement code of bucket %llu is inconsistent",
                          (unsigned long long)ones);
                 prev_end = end;
@@ -239,6 +255,17 @@ int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, siz
     }
     if (ones != sel_n)
         FAIL("hash section: select vector holds %llu ones, %u expected", (unsigned long long)ones,
-             sel_n);
+             (uint32_t)sel_n);
+    return 0;
+}
+
+int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, size_t why_size)
+{
+    uint64_t cs_len;
+    memset(c, 0, sizeof(*c));
+    if (parse_frame(c, buf, len, &cs_len, why, why_size) < 0 ||
+        parse_sequence(c, buf + 31, cs_len, why, why_size) < 0 ||
+        check_codes(c, why, why_size) < 0)
+        return -1;
     return 0;
 }

@@ -406,7 +406,7 @@ static int scan_index(build_t *b, sfs_error_t *err)
     for (int attempt = 1;; attempt++) {
         free(b->entries);
         b->entries = NULL;
-        uint64_t digest;
+        uint64_t digest = 0;
         int rc = count_buckets(b, p0, &digest, err), same;
         if (rc != SFS_OK)
             return rc;

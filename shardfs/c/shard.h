@@ -52,8 +52,8 @@ typedef enum sfs_status {
     SFS_EINVAL = -4,     /* bad argument (e.g. range outside an object) */
     SFS_EDUPLICATE = -5, /* writer: the key was added already */
     SFS_ENOMEM = -6,     /* allocation failed */
-    SFS_ELIMIT = -7,     /* more keys than cmph can hash (2^32 - 2) */
-    SFS_EHASH = -8,      /* cmph could not build the perfect hash */
+    SFS_ELIMIT = -7,     /* writer: a shard holds at most 2^32 - 3 objects (cmph's u32) */
+    SFS_EHASH = -8,      /* writer: no perfect hash could be built, or it failed its check */
     SFS_EAGAIN = -9,     /* _nowait: the bytes are not all in the page cache */
     SFS_ESTALE = -10,    /* sidecar: built for another shard (sidecar.h) */
 } sfs_status;
@@ -220,20 +220,32 @@ int sfs_delete(sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE], sfs_error_t 
 typedef struct sfs_writer sfs_writer_t;
 
 /* Start a shard to be published at `path`. Objects are written to a
- * temporary file `.<name>.tmp-XXXXXX` in the same directory; nothing appears at
- * `path` until sfs_writer_finish() succeeds (then by rename). When `path` is a
- * block device, the device is written in place instead. */
+ * temporary file in the same directory (unnamed where the file system has
+ * O_TMPFILE, else `.<name>.tmp-XXXXXX`); nothing appears at `path` until
+ * sfs_writer_finish() succeeds (then by link or rename). When `path` is a
+ * block device, the device is written in place instead.
+ * Returns SFS_OK and sets *out; else *out = NULL and nothing is left behind:
+ * SFS_EIO (errno in err) when the temporary file cannot be created in the
+ * directory of `path` (ENOENT, ENOTDIR, EACCES, EROFS, ENOSPC...) or the
+ * block device cannot be opened for writing (EACCES, EBUSY...); SFS_ENOMEM. */
 int sfs_writer_open(const char *path, sfs_writer_t **out, sfs_error_t *err);
 
-/* Append one object. SFS_EDUPLICATE (nothing written, the writer stays
- * usable) when the key was added already. */
+/* Append one object. Returns SFS_OK, or one of these with nothing of the
+ * object left in the shard and the writer usable (the objects added before
+ * stay; add again, finish or abort):
+ * SFS_EDUPLICATE when the key was added already; SFS_ELIMIT when the shard
+ * holds 2^32 - 3 objects already; SFS_ENOMEM when the key table cannot
+ * grow; SFS_EIO (errno in err: ENOSPC, EDQUOT, EFBIG, EIO...) when writing
+ * to the file or device failed. */
 int sfs_writer_add(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], const void *data,
                    uint64_t size, sfs_error_t *err);
 
 /* Append one object of exactly `size` bytes read from file descriptor `fd`
- * at its current position, streamed through a fixed buffer. If fewer bytes
- * can be read (the file shrank), the object is rolled back and SFS_EIO
- * returned; the writer stays usable. */
+ * at its current position, streamed through a fixed buffer. Returns as
+ * sfs_writer_add, and also SFS_EIO when reading fd failed (its errno) or
+ * fd ended before `size` bytes (the file shrank: errno EIO); the object is
+ * rolled back then too, the writer stays usable, fd's position is wherever
+ * the reads left it. */
 int sfs_writer_add_fd(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], int fd, uint64_t size,
                       sfs_error_t *err);
 
@@ -269,10 +281,17 @@ typedef struct sfs_add_files_result {
  *
  * Stops before paths[i] when it is not a regular file (or cannot be opened
  * for being a socket: ENXIO), with res->done = i and res->stopped its kind,
- * so that the caller walks a directory or skips it. On error (SFS_EIO naming
- * the file: missing, unreadable, shrank; or a write error) res->done is the
- * index of the failed path; the objects before it stay added and the writer
- * stays usable. */
+ * so that the caller walks a directory or skips it; returns SFS_OK then, as
+ * when every path was consumed.
+ *
+ * Errors: SFS_EIO naming the file with its errno (ENOENT, EACCES, ELOOP...;
+ * EIO when it shrank), or naming the shard on a write error; SFS_ENOMEM
+ * (also when no reader thread can be started: pthread_create's errno,
+ * EAGAIN); SFS_ELIMIT as sfs_writer_add; SFS_EINVAL when OpenSSL offers no
+ * SHA-256. Then res->done is the index of the failed path (0 when none was
+ * read), the objects before it stay added, the writer stays usable, and
+ * res->dup_index, res->dup_keys and res->n_dups are NULL, NULL and 0 (the
+ * duplicates skipped before the error are not reported). */
 int sfs_writer_add_files(sfs_writer_t *w, const char *const *paths, size_t n, uint64_t small,
                          unsigned threads, int exclude, uint64_t exclude_dev, uint64_t exclude_ino,
                          sfs_add_files_result_t *res, sfs_error_t *err);
@@ -294,8 +313,19 @@ typedef struct sfs_build_stats {
 
 /* Build the perfect hash, write index, hash and header, fdatasync, rename
  * into place and fsync the directory. Frees the writer whatever the result;
- * on failure the temporary file is removed and `path` is untouched.
- * `stats` (may be NULL) receives the timings on success. */
+ * on failure the temporary file is removed and `path` is untouched (a block
+ * device keeps what was written: its first 512 bytes, the header, are
+ * written last, so an older shard's header may remain over new objects).
+ * `stats` (may be NULL) receives the timings on success.
+ * Errors: SFS_EIO (errno in err) when writing the last objects, the index,
+ * the hash or the header, ftruncate, fdatasync (EINVAL and EROFS ignored: a
+ * file that cannot be synced), linking or renaming into place (EACCES,
+ * EISDIR...), close, or the in-memory stream cmph_load reads (fmemopen,
+ * fclose) failed; SFS_ENOMEM; SFS_EHASH when no perfect hash could be built
+ * (ours found no seed, then cmph's builder failed too: the message gives
+ * both reasons) or the check of every key against cmph and our evaluator
+ * failed (the message says which step: the dump unreadable by our parser,
+ * refused by cmph_load, slot counts or a key's slot that disagree). */
 int sfs_writer_finish(sfs_writer_t *w, sfs_build_stats_t *stats, sfs_error_t *err);
 
 /* Discard: remove the temporary file and free the writer. NULL accepted. */

@@ -100,11 +100,15 @@ typedef struct {
     uint8_t *buf;             /* CHUNK_SLOTS slots */
 } index_t;
 
-/* The error of a failed sfs_pread_full of `what` at `offset`. */
-static int read_failed(const index_t *ix, const char *what, uint64_t offset, int e,
+/* The error of a failed sfs_pread_full of `len` bytes of `what` at
+ * `offset`. Its EIO is a short read or the device's own error: the file's
+ * size now tells which. */
+static int read_failed(const index_t *ix, const char *what, uint64_t offset, uint64_t len, int e,
                        sfs_error_t *err)
 {
-    if (e == EIO)
+    struct stat st;
+    if (e == EIO && fstat(ix->fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        (uint64_t)st.st_size < offset + len)
         return sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank while its sidecar was built "
                         "(short read of %s at byte %llu)", ix->path, what,
                         (unsigned long long)offset);
@@ -136,7 +140,7 @@ static int index_read(index_t *ix, uint64_t first, uint64_t count, sfs_error_t *
         posix_fadvise(ix->fd, (off_t)(ix->position + ix->advised), READAHEAD_STEP,
                       POSIX_FADV_WILLNEED);
     if (sfs_pread_full(ix->fd, ix->buf, count * SFS_SLOT_SIZE, ix->position + at) < 0)
-        return read_failed(ix, "the index", ix->position + at, errno, err);
+        return read_failed(ix, "the index", ix->position + at, count * SFS_SLOT_SIZE, errno, err);
     return SFS_OK;
 }
 
@@ -276,7 +280,7 @@ static int sort_ties(index_t *ix, unsigned p, uint64_t *e, uint64_t m, sfs_error
         uint8_t top[8];
         uint64_t at = ix->position + (uint64_t)slot * SFS_SLOT_SIZE;
         if (sfs_pread_full(ix->fd, top, sizeof(top), at) < 0)
-            return read_failed(ix, "a key", at, errno, err);
+            return read_failed(ix, "a key", at, sizeof(top), errno, err);
         e[i] = (be64(top) & low) << 32 | slot;
     }
     sort_u64(e, m);

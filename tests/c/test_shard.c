@@ -261,6 +261,67 @@ static void test_abort_leaves_nothing(void)
     free(p);
 }
 
+/* The writer's errors as shard.h lists them: status, errno, a message
+ * naming the cause, and the state left. */
+static void test_writer_errors(void)
+{
+    sfs_writer_t *w = (sfs_writer_t *)1;
+    sfs_error_t err;
+    char missing[600];
+    snprintf(missing, sizeof(missing), "%s/no-such-dir/x.shard", dir);
+    CHECK(sfs_writer_open(missing, &w, &err) == SFS_EIO && err.sys_errno == ENOENT && !w &&
+              strstr(err.message, "no-such-dir"),
+          "open in a missing directory: %s", err.message);
+
+    char *p = strdup(path_of("errors.shard")), *src = strdup(path_of("errors.src"));
+    CHECK(sfs_writer_open(p, &w, &err) == SFS_OK, "open: %s", err.message);
+    FILE *f = fopen(src, "w");
+    fputs("abc", f);
+    fclose(f);
+    int fd = open(src, O_RDONLY);
+    uint8_t k[32] = {3}, k2[32] = {4};
+    CHECK(sfs_writer_add_fd(w, k, fd, 10, &err) == SFS_EIO && err.sys_errno == EIO &&
+              strstr(err.message, "shorter than its size"),
+          "add_fd of a file shorter than the size: %s", err.message);
+    close(fd);
+    CHECK(sfs_writer_add_fd(w, k, fd, 3, &err) == SFS_EIO && err.sys_errno == EBADF &&
+              strstr(err.message, strerror(EBADF)),
+          "add_fd of a closed descriptor: %s", err.message);
+    CHECK(sfs_writer_count(w) == 0 && !sfs_writer_contains(w, k), "failed objects rolled back");
+    CHECK(sfs_writer_add(w, k2, "xy", 2, &err) == SFS_OK, "usable after the errors: %s",
+          err.message);
+    CHECK(sfs_writer_finish(w, NULL, &err) == SFS_OK, "finish: %s", err.message);
+    sfs_shard_t *s;
+    uint64_t off, size;
+    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open: %s", err.message);
+    if (s) {
+        CHECK(sfs_live_count(s) == 1 && sfs_lookup(s, k2, &off, &size) == SFS_OK && size == 2 &&
+                  sfs_lookup(s, k, &off, &size) == SFS_ENOTFOUND,
+              "only the object added after the errors");
+        sfs_close(s);
+    }
+
+    /* finish cannot publish over a directory: the writer is freed, the
+     * temporary file removed, the directory untouched. */
+    char *d = strdup(path_of("errors.dir"));
+    CHECK(mkdir(d, 0700) == 0, "mkdir");
+    CHECK(sfs_writer_open(d, &w, &err) == SFS_OK, "open over a directory: %s", err.message);
+    CHECK(sfs_writer_add(w, k, "x", 1, &err) == SFS_OK, "add");
+    CHECK(sfs_writer_finish(w, NULL, &err) == SFS_EIO && err.sys_errno == EISDIR &&
+              strstr(err.message, "publishing"),
+          "finish over a directory: %s", err.message);
+    struct stat st;
+    CHECK(stat(d, &st) == 0 && S_ISDIR(st.st_mode), "the directory is still there");
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "ls -A %s | grep -q tmp", dir);
+    CHECK(system(cmd) != 0, "no temporary file left");
+    rmdir(d);
+    unlink(src);
+    free(d);
+    free(src);
+    free(p);
+}
+
 static void test_delete(void)
 {
     uint64_t n = 50;
@@ -655,6 +716,7 @@ int main(void)
     test_nowait();
     test_duplicate();
     test_abort_leaves_nothing();
+    test_writer_errors();
     test_delete();
     test_threads();
     test_bad_files();

@@ -162,6 +162,8 @@ static void rollback(sfs_writer_t *w, uint64_t start)
     } else {
         w->buf_len = 0;
         w->flushed = start;
+        if (w->written_back > start) /* else flush()'s next range would be negative */
+            w->written_back = start;
         if (w->regular && ftruncate(w->fd, (off_t)start) < 0) {
             /* The bytes past `start` are overwritten or cut at finish. */
         }

@@ -411,7 +411,7 @@ static int scan_index(build_t *b, sfs_error_t *err)
         free(b->entries);
         b->entries = NULL;
         uint64_t digest = 0;
-        int rc = count_buckets(b, p0, &digest, err), same;
+        int rc = count_buckets(b, p0, &digest, err), same = 0;
         if (rc != SFS_OK)
             return rc;
         b->entries = malloc((b->n ? b->n : 1) * sizeof(uint64_t));

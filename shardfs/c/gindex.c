@@ -85,6 +85,12 @@ uint64_t sfs_gindex_file_size(uint64_t s, unsigned b, uint64_t n)
 
 /* The low 64 - b bits of an entry's value (prefix << 24 | shard index):
  * what the file keeps; the top b bits are the entry's bucket. */
+/* The reason of a failed sfs_pread_full (its result `got`, errno set). */
+static const char *read_error(int got)
+{
+    return got == SFS_PREAD_SHORT ? "short read: the file shrank" : strerror(errno);
+}
+
 static inline uint64_t low_mask_for(unsigned b)
 {
     return b ? UINT64_MAX >> b : UINT64_MAX;
@@ -181,9 +187,10 @@ int sfs_shard_key_prefixes(const sfs_shard_t *shard, uint64_t **out, size_t *n,
     for (uint64_t first = 0; first < slots; first += INDEX_CHUNK) {
         uint64_t c = slots - first < INDEX_CHUNK ? slots - first : INDEX_CHUNK;
         uint64_t at = h->index_position + first * SFS_SLOT_SIZE;
-        if (sfs_pread_full(fd, buf, c * SFS_SLOT_SIZE, at) < 0) {
+        int got = sfs_pread_full(fd, buf, c * SFS_SLOT_SIZE, at);
+        if (got < 0) {
             int e = errno;
-            rc = e == EIO ? sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank while its index "
+            rc = got == SFS_PREAD_SHORT ? sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank while its index "
                                      "was read (short read at byte %llu)", path,
                                      (unsigned long long)at)
                           : sfs_fail(err, SFS_EIO, e, "%s: reading the index at byte %llu: %s",
@@ -584,10 +591,10 @@ static int next_dir_value(level_reader *r, uint64_t *v, sfs_error_t *err)
         uint64_t left = values - r->dnext;
         size_t c = left < LEVEL_CHUNK ? (size_t)left : LEVEL_CHUNK;
         uint64_t at = SFS_GINDEX_HEADER_SIZE + SFS_GINDEX_IDENTITY_SIZE * g->s + 8 * r->dnext;
-        if (sfs_pread_full(g->fd, r->dbuf, c * 8, at) < 0)
+        int got = sfs_pread_full(g->fd, r->dbuf, c * 8, at);
+        if (got < 0)
             return sfs_fail(err, SFS_EIO, errno, "%s: reading the directory at byte %llu: %s",
-                            g->path, (unsigned long long)at,
-                            errno == EIO ? "short read (the file shrank?)" : strerror(errno));
+                            g->path, (unsigned long long)at, read_error(got));
         for (size_t i = 0; i < c; i++)
             r->dbuf[i] = le64toh(r->dbuf[i]);
         r->dlen = c;
@@ -617,10 +624,10 @@ static int next_in_level(void *ctx, size_t src, uint64_t *prefix, uint32_t *shar
             size_t c = left < LEVEL_CHUNK ? (size_t)left : LEVEL_CHUNK;
             uint64_t at = sfs_gindex_file_size(g->s, g->b, r->pos) - SFS_GINDEX_PAD;
             /* the padding after the last entry is read too: 8 bytes per load */
-            if (sfs_pread_full(g->fd, r->raw, c * g->w + SFS_GINDEX_PAD, at) < 0)
+            int got = sfs_pread_full(g->fd, r->raw, c * g->w + SFS_GINDEX_PAD, at);
+            if (got < 0)
                 return sfs_fail(err, SFS_EIO, errno, "%s: reading entries at byte %llu: %s",
-                                g->path, (unsigned long long)at,
-                                errno == EIO ? "short read (the file shrank?)" : strerror(errno));
+                                g->path, (unsigned long long)at, read_error(got));
             for (size_t i = 0; i < c; i++)
                 r->buf[i] = load_entry(r->raw + i * g->w, g->low_mask);
             r->len = c;
@@ -697,10 +704,11 @@ int sfs_gindex_merge(const char *path, sfs_gindex_t *const *levels, size_t nleve
         const sfs_gindex_t *g = levels[i];
         first[i] = at;
         size_t bytes = (size_t)g->s * SFS_GINDEX_IDENTITY_SIZE;
-        if (bytes && sfs_pread_full(g->fd, ids + at * SFS_GINDEX_IDENTITY_SIZE, bytes,
-                                SFS_GINDEX_HEADER_SIZE) < 0) {
+        int got = bytes ? sfs_pread_full(g->fd, ids + at * SFS_GINDEX_IDENTITY_SIZE, bytes,
+                                         SFS_GINDEX_HEADER_SIZE) : 0;
+        if (got < 0) {
             rc = sfs_fail(err, SFS_EIO, errno, "%s: reading the shard table: %s", g->path,
-                          errno == EIO ? "short read (the file shrank?)" : strerror(errno));
+                          read_error(got));
             goto done;
         }
         const uint8_t *mask = keep_masks ? keep_masks[i] : NULL;
@@ -810,8 +818,9 @@ int sfs_gindex_open(const char *path, sfs_gindex_t **out, sfs_error_t *err)
         goto fail;
     }
     uint8_t h[SFS_GINDEX_HEADER_SIZE];
-    if (sfs_pread_full(fd, h, sizeof(h), 0) < 0) {
-        rc = sfs_fail(err, SFS_EIO, errno, "%s: reading the header: %s", path, strerror(errno));
+    int got = sfs_pread_full(fd, h, sizeof(h), 0);
+    if (got < 0) {
+        rc = sfs_fail(err, SFS_EIO, errno, "%s: reading the header: %s", path, read_error(got));
         goto fail;
     }
     if (memcmp(h, SFS_GINDEX_MAGIC, SFS_GINDEX_MAGIC_SIZE) != 0) {

@@ -65,7 +65,9 @@ int sfs_fail(sfs_error_t *err, int status, int sys_errno, const char *fmt, ...)
 int sfs_fd_size(int fd, const char *path, uint64_t *size, int *is_blk, sfs_error_t *err);
 
 /* Read exactly `len` bytes at `offset`, retrying on EINTR and short reads.
- * 0, or -1 with errno set (EIO when the file ends first). */
+ * 0; SFS_PREAD_SHORT (errno EIO) when the file ends first (it shrank);
+ * -1 with errno set when a read fails (EIO there is the device's error). */
+#define SFS_PREAD_SHORT (-2)
 int sfs_pread_full(int fd, void *buf, size_t len, uint64_t offset);
 
 /* Open the file of `shard` again to read its index with pread (sidecar and

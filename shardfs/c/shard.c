@@ -646,11 +646,12 @@ int sfs_pread_full(int fd, void *buf, size_t len, uint64_t offset)
         ssize_t got = pread(fd, p, len, (off_t)offset);
         if (got < 0 && errno == EINTR)
             continue;
-        if (got <= 0) {
-            if (got == 0)
-                errno = EIO;
-            return -1;
+        if (got == 0) {
+            errno = EIO;
+            return SFS_PREAD_SHORT;
         }
+        if (got < 0)
+            return -1;
         p += got;
         len -= (size_t)got;
         offset += (uint64_t)got;
@@ -682,9 +683,10 @@ int sfs_reopen_for_index(const sfs_shard_t *s, int *fd_out, sfs_error_t *err)
         goto fail;
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    if (sfs_pread_full(fd, raw, sizeof(raw), 0) < 0) {
+    int got = sfs_pread_full(fd, raw, sizeof(raw), 0);
+    if (got < 0) {
         int e = errno;
-        rc = e == EIO ? sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank (short read of its header)",
+        rc = got == SFS_PREAD_SHORT ? sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank (short read of its header)",
                                  path)
                       : sfs_fail(err, SFS_EIO, e, "%s: reading the header: %s", path, strerror(e));
         goto fail;

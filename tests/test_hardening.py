@@ -355,7 +355,12 @@ def test_delete_killed_half_way_leaves_a_valid_shard(tmp_path):
     keys = list(objects)[:3000]
     proc = subprocess.Popen(SHARDFS + ["delete", "--yes", str(path), *keys],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(0.3)
+
+    def started() -> bool:  # the first key is deleted first; each delete is fdatasynced
+        with shardfs.Shard(str(path)) as s:
+            return keys[0] not in s
+
+    assert wait_until(started, timeout=60), "the delete never started"
     proc.kill()
     proc.communicate(timeout=60)
     check = run(SHARDFS + ["check", path])

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int passed __attribute__((unused)), failed __attribute__((unused));
@@ -24,6 +25,18 @@ static char dir[256] __attribute__((unused));
             fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
             fprintf(stderr, __VA_ARGS__);                                                          \
             fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* CHECK, and on failure stop the program (exit status 1): for a step the
+ * rest depends on, such as opening the shard it goes on to read. */
+#define REQUIRE(cond, ...)                                                                         \
+    do {                                                                                           \
+        int required_ = (cond);                                                                    \
+        CHECK(required_, __VA_ARGS__);                                                             \
+        if (!required_) {                                                                          \
+            fprintf(stderr, "stopping: the steps after this one depend on it\n");                  \
+            exit(1);                                                                               \
         }                                                                                          \
     } while (0)
 

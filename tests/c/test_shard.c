@@ -20,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -173,6 +175,28 @@ static void test_round_trip(uint64_t n)
 
 /* The page-cache-only path agrees with the blocking one when data is
  * cached, and answers SFS_EAGAIN instead of waiting once it is evicted. */
+/* Pages of the file open on fd in the page cache (mincore over a mapping
+ * of it); SIZE_MAX if that cannot be told. */
+static size_t resident_pages(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size == 0)
+        return SIZE_MAX;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t pages = ((size_t)st.st_size + (size_t)page - 1) / (size_t)page, n = 0;
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    unsigned char *vec = malloc(pages);
+    if (m == MAP_FAILED || !vec || mincore(m, (size_t)st.st_size, vec) != 0)
+        n = SIZE_MAX;
+    else
+        for (size_t i = 0; i < pages; i++)
+            n += vec[i] & 1;
+    if (m != MAP_FAILED)
+        munmap(m, (size_t)st.st_size);
+    free(vec);
+    return n;
+}
+
 static void test_nowait(void)
 {
     uint64_t n = 2000;
@@ -181,7 +205,7 @@ static void test_nowait(void)
     CHECK(build(p, n, keys) == 0, "build");
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
     uint64_t same = 0, eagain = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t off1, size1, off2 = 0, size2 = 0;
@@ -202,10 +226,13 @@ static void test_nowait(void)
     sfs_close(s);
     /* Evict the file (not mapped now), reopen: slots must not be read. */
     int fd = open(p, O_RDONLY);
+    REQUIRE(fd >= 0, "open %s: %s", p, strerror(errno));
     fdatasync(fd);
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    CHECK(resident_pages(fd) == 0, "the shard's pages were evicted (%zu resident: a file "
+          "system that cannot evict, such as tmpfs?)", resident_pages(fd));
     close(fd);
-    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "reopen");
+    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "reopen");
     for (uint64_t i = 0; i < n; i++) {
         uint64_t o, z;
         uint32_t sl;
@@ -223,7 +250,7 @@ static void test_duplicate(void)
     sfs_writer_t *w;
     sfs_error_t err;
     char *p = strdup(path_of("dup.shard"));
-    CHECK(sfs_writer_open(p, &w, &err) == SFS_OK, "open");
+    REQUIRE(sfs_writer_open(p, &w, &err) == SFS_OK, "open");
     uint8_t k[32] = {1}, k2[32] = {2};
     CHECK(sfs_writer_add(w, k, "a", 1, &err) == SFS_OK, "add");
     CHECK(sfs_writer_add(w, k, "bb", 2, &err) == SFS_EDUPLICATE, "duplicate rejected");
@@ -233,7 +260,7 @@ static void test_duplicate(void)
     CHECK(access(p, F_OK) != 0, "nothing at the target before finish");
     CHECK(sfs_writer_finish(w, NULL, &err) == SFS_OK, "finish: %s", err.message);
     sfs_shard_t *s;
-    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
     uint64_t off, size;
     char buf[4] = {0};
     CHECK(sfs_lookup(s, k, &off, &size) == SFS_OK && size == 1, "first kept");
@@ -250,7 +277,7 @@ static void test_abort_leaves_nothing(void)
     sfs_writer_t *w;
     sfs_error_t err;
     char *p = strdup(path_of("aborted.shard"));
-    CHECK(sfs_writer_open(p, &w, &err) == SFS_OK, "open");
+    REQUIRE(sfs_writer_open(p, &w, &err) == SFS_OK, "open");
     uint8_t k[32] = {7};
     sfs_writer_add(w, k, "x", 1, &err);
     sfs_writer_abort(w);
@@ -274,7 +301,7 @@ static void test_writer_errors(void)
           "open in a missing directory: %s", err.message);
 
     char *p = strdup(path_of("errors.shard")), *src = strdup(path_of("errors.src"));
-    CHECK(sfs_writer_open(p, &w, &err) == SFS_OK, "open: %s", err.message);
+    REQUIRE(sfs_writer_open(p, &w, &err) == SFS_OK, "open: %s", err.message);
     FILE *f = fopen(src, "w");
     fputs("abc", f);
     fclose(f);
@@ -293,7 +320,7 @@ static void test_writer_errors(void)
     CHECK(sfs_writer_finish(w, NULL, &err) == SFS_OK, "finish: %s", err.message);
     sfs_shard_t *s;
     uint64_t off, size;
-    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open: %s", err.message);
+    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open: %s", err.message);
     if (s) {
         CHECK(sfs_live_count(s) == 1 && sfs_lookup(s, k2, &off, &size) == SFS_OK && size == 2 &&
                   sfs_lookup(s, k, &off, &size) == SFS_ENOTFOUND,
@@ -305,7 +332,7 @@ static void test_writer_errors(void)
      * temporary file removed, the directory untouched. */
     char *d = strdup(path_of("errors.dir"));
     CHECK(mkdir(d, 0700) == 0, "mkdir");
-    CHECK(sfs_writer_open(d, &w, &err) == SFS_OK, "open over a directory: %s", err.message);
+    REQUIRE(sfs_writer_open(d, &w, &err) == SFS_OK, "open over a directory: %s", err.message);
     CHECK(sfs_writer_add(w, k, "x", 1, &err) == SFS_OK, "add");
     CHECK(sfs_writer_finish(w, NULL, &err) == SFS_EIO && err.sys_errno == EISDIR &&
               strstr(err.message, "publishing"),
@@ -330,7 +357,7 @@ static void test_delete(void)
     CHECK(build(p, n, keys) == 0, "build");
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(p, 1, &s, &err) == SFS_OK, "open rw");
+    REQUIRE(sfs_open(p, 1, &s, &err) == SFS_OK, "open rw");
     uint64_t off, size;
     sfs_lookup(s, keys[3], &off, &size);
     CHECK(sfs_delete(s, keys[3], &err) == SFS_OK, "delete: %s", err.message);
@@ -384,7 +411,7 @@ static void test_threads(void)
     CHECK(build(p, n, keys) == 0, "build");
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
     pthread_t t[8];
     struct reader_arg args[8];
     for (int i = 0; i < 8; i++) {
@@ -489,14 +516,14 @@ static void test_bad_files(void)
           (unsigned long long)escaped);
     /* A slot pointing outside the objects section is caught on lookup. */
     copy_prefix(p, bad, st.st_size);
-    CHECK(sfs_open(bad, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(bad, 0, &s, &err) == SFS_OK, "open");
     uint32_t slot = sfs_slot_of(s, keys[0]);
     sfs_close(s);
     int fd = open(bad, O_WRONLY);
     uint64_t be = __builtin_bswap64(h.index_position + 8);
     pwrite(fd, &be, 8, (off_t)(h.index_position + slot * 40ull + 32));
     close(fd);
-    CHECK(sfs_open(bad, 0, &s, &err) == SFS_OK, "open with a bad slot");
+    REQUIRE(sfs_open(bad, 0, &s, &err) == SFS_OK, "open with a bad slot");
     uint64_t off, size;
     CHECK(sfs_lookup(s, keys[0], &off, &size) == SFS_ECORRUPT, "bad slot offset is corrupt");
     CHECK(sfs_check(s, NULL, NULL, 0) == 1, "check reports the slot");
@@ -527,7 +554,7 @@ static void test_bad_displacement(void)
     fclose(f);
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
     sfs_header_t h = *sfs_header(s);
     sfs_close(s);
     sfs_chd_t c;
@@ -638,7 +665,7 @@ static void test_add_files(void)
     snprintf(got, sizeof(got), "%s", path_of("af-got.shard"));
     sfs_writer_t *w;
     sfs_error_t err;
-    CHECK(sfs_writer_open(ref, &w, &err) == SFS_OK, "open");
+    REQUIRE(sfs_writer_open(ref, &w, &err) == SFS_OK, "open");
     size_t ref_dups = 0;
     for (int i = 0; i < N; i++) {
         int fd = open(paths[i], O_RDONLY);
@@ -654,7 +681,7 @@ static void test_add_files(void)
     }
     CHECK(sfs_writer_finish(w, NULL, &err) == SFS_OK, "finish");
 
-    CHECK(sfs_writer_open(got, &w, &err) == SFS_OK, "open");
+    REQUIRE(sfs_writer_open(got, &w, &err) == SFS_OK, "open");
     sfs_add_files_result_t res;
     size_t dups = 0, at = 0;
     unsigned threads[] = {3, 1, 2};
@@ -705,7 +732,11 @@ static void test_add_files(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/shardfs-ctest-XXXXXX");
+    /* test_nowait evicts a shard from the page cache, which tmpfs cannot:
+     * on a tmpfs /tmp the files go under the current directory instead. */
+    struct statfs fs;
+    int tmpfs = statfs("/tmp", &fs) == 0 && fs.f_type == 0x01021994 /* TMPFS_MAGIC */;
+    snprintf(dir, sizeof(dir), "%s/shardfs-ctest-XXXXXX", tmpfs ? "." : "/tmp");
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
         return 1;

@@ -747,25 +747,18 @@ class _Parser(argparse.ArgumentParser):
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("shardfs")
-    except Exception:  # not installed (running from a source tree)
-        return getattr(sys.modules.get("shardfs"), "__version__", "unknown")
-
-
 class _VersionAction(argparse.Action):
-    """``--version``: the version is looked up (importlib.metadata, some 20
-    ms) only when asked for, not at every start."""
+    """``--version``: prints ``shardfs.__version__``, the one place the
+    version is written (pyproject.toml reads it from there too)."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
                          help="show the version and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser._print_message(f"shardfs {_version()}\n", sys.stdout)
+        from shardfs import __version__
+
+        parser._print_message(f"shardfs {__version__}\n", sys.stdout)
         parser.exit()
 
 

@@ -31,13 +31,14 @@ use it under the GIL (from one thread at a time).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from typing import Optional, Union
 
 from . import _shardfs
 from .errors import StaleSidecarError
-from .shard import Shard
+from .shard import HEADER_END, Shard
 
 #: ``Sidecar(path, identity, slot_count)``: an open sidecar (read-only mmap).
 #: Raises StaleSidecarError when the file belongs to another shard or is
@@ -61,7 +62,7 @@ Sidecar = _shardfs.Sidecar
 #: ``len()`` counts the active entries, ``size`` is 1 + the largest index set.
 SidecarSet = _shardfs.SidecarSet
 
-IDENTITY_SIZE = 32  #: bytes of a shard identity (SHA-256)
+IDENTITY_SIZE = _shardfs.SIDECAR_IDENTITY_SIZE  #: bytes of a shard identity (SHA-256)
 _PROBE = 4096  #: bytes read at each end of the hash and index sections
 _IDENTITY_TAG = b"shardfs sidecar identity v1\0"
 
@@ -84,14 +85,15 @@ def default_cache_dir() -> str:
 def _pread(fd: int, size: int, offset: int, path: str) -> bytes:
     data = os.pread(fd, size, offset)
     if len(data) != size:
-        raise OSError(5, f"{path}: short read of {size} bytes at {offset} (file truncated?)")
+        raise OSError(errno.EIO, f"{path}: short read of {size} bytes at {offset} (file truncated?)")
     return data
 
 
 def identity(shard: Shard) -> bytes:
-    """The shard's identity, 32 bytes: SHA-256 over the 88 header bytes, the
-    slot count, the first min(4096, hash_size) bytes of the hash section and
-    the first and last min(4096, index_size) bytes of the index.
+    """The shard's identity, 32 bytes: SHA-256 over the magic and header
+    (its first HEADER_END bytes), the slot count, the first min(4096,
+    hash_size) bytes of the hash section and the first and last min(4096,
+    index_size) bytes of the index.
 
     At most ~12 KiB are read (with os.pread on the shard's own descriptor:
     the very file it maps, even if its path now names another), whatever
@@ -104,7 +106,7 @@ def identity(shard: Shard) -> bytes:
     probe_hash = min(_PROBE, shard.hash_size)
     probe_index = min(_PROBE, header.index_size)
     fd = shard.fileno()
-    head = _pread(fd, 88, 0, shard.path)
+    head = _pread(fd, HEADER_END, 0, shard.path)
     hash_head = _pread(fd, probe_hash, header.hash_position, shard.path)
     index_head = _pread(fd, probe_index, header.index_position, shard.path)
     index_tail = _pread(fd, probe_index,

@@ -59,7 +59,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pyfuse3
 
-from shardfs.fuse.layout import ROOT_INODE, Layout, object_inode, split_db_inode, split_object_inode
+from shardfs.fuse.layout import (OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode, split_db_inode,
+                                 split_object_inode)
 from shardfs.fuse.shardset import MountedShard, ShardSet
 from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped
 
@@ -516,7 +517,7 @@ class ShardFS(pyfuse3.Operations):
 
     def _flat_batch(self, start_id: int) -> List[_Entry]:
         """Up to READDIR_BATCH objects of a flat root from position
-        `start_id` (= shard number << 32 | slot) on, in that order, leaving
+        `start_id` (= shard number << OBJECT_SHIFT | slot) on, in that order, leaving
         out keys a lower-numbered shard serves. In a winery mount, the
         objects only in its database follow, from position
         DB_LISTING_BASE + their index in this process's listing of them."""
@@ -536,7 +537,7 @@ class ShardFS(pyfuse3.Operations):
         return out
 
     def _flat_image_batch(self, start_id: int) -> List[_Entry]:
-        number, slot = start_id >> 32, start_id & 0xFFFFFFFF
+        number, slot = start_id >> OBJECT_SHIFT, start_id & SLOT_MASK
         hidden = self.winery.reader.is_hidden if self.winery is not None else None
         out: List[_Entry] = []
         for member in self.shards.served():
@@ -554,7 +555,7 @@ class ShardFS(pyfuse3.Operations):
                     continue  # taken down in the database
                 if member.number and self.shards.find(key, below=member.number, count=False) is not None:
                     continue  # served by a lower-numbered shard
-                pos = (member.number << 32) | slot_
+                pos = (member.number << OBJECT_SHIFT) | slot_
                 out.append((pos + 1, key.hex().encode("ascii"), object_inode(member.number, slot_),
                             False, size, time_ns))
                 if len(out) >= READDIR_BATCH:

@@ -33,6 +33,8 @@ ROOT_INODE = 1
 DIR_INODE_BASE = 2
 #: Objects' inodes are (shard number + 1) << OBJECT_SHIFT | slot.
 OBJECT_SHIFT = 32
+#: The slot in an object's inode (its low OBJECT_SHIFT bits).
+SLOT_MASK = (1 << OBJECT_SHIFT) - 1
 #: Most hex characters a fan-out directory path may spell.
 MAX_PREFIX_HEX = 7
 #: Default slicing of `--layout fanout`.
@@ -69,7 +71,7 @@ def split_object_inode(inode: int) -> Optional[Tuple[int, int]]:
     or a database object."""
     if inode >> OBJECT_SHIFT == 0 or inode & DB_INODE_FLAG:
         return None
-    return (inode >> OBJECT_SHIFT) - 1, inode & ((1 << OBJECT_SHIFT) - 1)
+    return (inode >> OBJECT_SHIFT) - 1, inode & SLOT_MASK
 
 
 def parse_slicing(text: str) -> Tuple[int, ...]:

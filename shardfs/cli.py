@@ -654,7 +654,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    """Mount shards read-only through FUSE (shardfs.fuse.mount)."""
+    """Mount shards read-only through FUSE (shardfs.fuse.mount.mount_shards)."""
     if not args.paths:
         raise UsageError("mount: the following arguments are required: MOUNTPOINT (see 'shardfs mount --help')")
     shards, mountpoint = args.paths[:-1], args.paths[-1]
@@ -682,7 +682,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
-        result = fuse_mount.mount(
+        return fuse_mount.mount_shards(
             shard_paths=shards,
             mountpoint=mountpoint,
             foreground=args.foreground,
@@ -701,7 +701,6 @@ def cmd_mount(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
 
 
 def _hide_password(dsn: str) -> None:
@@ -727,8 +726,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
         from shardfs.fuse import mount as fuse_mount
     except ImportError as exc:
         raise Failure(f"umount is unavailable: {one_line(exc)}") from exc
-    result = fuse_mount.umount(args.mountpoint)
-    return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+    return fuse_mount.umount(args.mountpoint)
 
 
 # --------------------------------------------------------------------- parser

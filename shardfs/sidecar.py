@@ -23,9 +23,10 @@ answers for a superset of the live keys (a deleted key may still be
 get (``Shard.slot(i)`` is None for a deleted one). ``build()`` again to drop
 deleted keys.
 
-``SidecarSet`` holds the sidecars of many shards, by index:
-``candidates(key)`` lists the indices whose shard may hold the key, in one C
-call that overlaps the cache misses of all sidecars. It is not thread-safe:
+``SidecarSet`` holds the sidecars of many shards, by shard number (the
+number a mount gives each shard, `shardfs.fuse.shardset`):
+``candidates(key)`` lists the numbers of the shards that may hold the key,
+in one C call that overlaps the cache misses of all sidecars. It is not thread-safe:
 use it under the GIL (from one thread at a time).
 """
 
@@ -48,18 +49,20 @@ from .shard import HEADER_END, Shard
 #: the first prefix_bits bits of prefix; bits past the sidecar's own
 #: ``prefix_bits + 32`` are ignored, a superset then), ``slots(begin, end) ->
 #: list[int]`` (IndexError outside [0, count]), ``close()``; attributes
-#: ``count`` (entries), ``prefix_bits`` (p), ``slot_count``, ``closed``.
+#: ``count`` (keys listed: the live objects when it was built), ``prefix_bits``
+#: (p), ``slot_count``, ``closed``.
 #: Queries keep the GIL (may_contain and range take well under a microsecond
 #: when the file is in the page cache; a cold page is read with the GIL held).
 Sidecar = _shardfs.Sidecar
 
-#: ``SidecarSet()``: entries ``i`` (0 <= i < 2^32 - 1) that are inactive
-#: (never a candidate), active without a filter (``set(i, None)``: always a
-#: candidate) or active with a Sidecar (``set(i, sidecar)``, kept referenced;
-#: closing it while in the set keeps its mapping until the entry goes).
-#: ``remove(i)`` makes an entry inactive; ``candidates(key32) -> list[int]``
-#: the active entries that may hold the key, in increasing order;
-#: ``len()`` counts the active entries, ``size`` is 1 + the largest index set.
+#: ``SidecarSet()``: shard numbers ``n`` (0 <= n < 2^32 - 1) that are
+#: inactive (never a candidate), active without a filter (``set(n, None)``:
+#: always a candidate) or active with a Sidecar (``set(n, sidecar)``, kept
+#: referenced; closing it while in the set keeps its mapping until the
+#: number is removed). ``remove(n)`` makes a number inactive;
+#: ``candidates(key32) -> list[int]`` the active numbers whose shard may
+#: hold the key, in increasing order; ``len()`` counts the active numbers,
+#: ``size`` is 1 + the largest number set.
 SidecarSet = _shardfs.SidecarSet
 
 IDENTITY_SIZE = _shardfs.SIDECAR_IDENTITY_SIZE  #: bytes of a shard identity (SHA-256)

@@ -340,7 +340,7 @@ class ShardFS(pyfuse3.Operations):
         member = self.shards.get(split[0])
         if member is None or (member.removed and not opened):
             raise pyfuse3.FUSEError(errno.ESTALE)
-        if split[1] >= member.slots:
+        if split[1] >= member.slot_count:
             raise pyfuse3.FUSEError(errno.ENOENT)
         try:
             found = member.shard.slot(split[1])
@@ -719,7 +719,7 @@ class ShardFS(pyfuse3.Operations):
         data.f_blocks = sum(math.ceil(m.extent / 4096) for m in served)
         data.f_bfree = 0
         data.f_bavail = 0
-        data.f_files = sum(m.objects if m.live is None else m.live for m in served)
+        data.f_files = sum(m.objects_count if m.live_count is None else m.live_count for m in served)
         data.f_ffree = 0
         data.f_favail = 0
         data.f_namemax = 64
@@ -750,7 +750,7 @@ class ShardFS(pyfuse3.Operations):
             "sidecars": sum(1 for m in served if m.sidecar_dir is not None),
             "lookups": lookups,
             "index_probes": probes,
-            "objects": sum(m.objects for m in served),
+            "objects": sum(m.objects_count for m in served),
             "workers": self.hooks.per_process(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,
         }

@@ -379,7 +379,7 @@ def choose_layout(name: str, slicing: Optional[str], shards: "ShardSet") -> "Lay
 
     check_layout(name, slicing)
     if name == "auto":
-        total = sum(m.objects for m in shards.served())
+        total = sum(m.objects_count for m in shards.served())
         followed = shards.shard_dir is not None or getattr(shards, "followed", False)
         name = "flat" if total <= AUTO_FLAT_LIMIT and not followed else "fanout"
     if name == "flat":

@@ -1,10 +1,10 @@
 """Mounting and unmounting shards: checks, the pyfuse3 main loop, the daemon.
 
-`mount_shards()` checks what it can before touching the kernel (the options, the
-mount point, the shard directory, the layout), then either serves in the
-foreground (`foreground=True`, until SIGINT/SIGTERM or an external unmount)
-or starts a detached daemon process and returns once the filesystem
-answers. The process that serves opens and validates the shards
+`mount_shards()` checks what it can before touching the kernel (the
+options, the mount point, the shard directory, the layout), then either
+serves in the foreground (`foreground=True`, until SIGINT/SIGTERM or an
+external unmount) or starts a detached daemon process and returns once the
+filesystem answers. The process that serves opens and validates the shards
 (`open_shard_set`): an error there fails the mount with one line.
 
 The daemon is a fresh interpreter (``python -m shardfs.fuse.mount --serve``),

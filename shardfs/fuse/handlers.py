@@ -62,6 +62,7 @@ import pyfuse3
 from shardfs.fuse.layout import (OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode, split_db_inode,
                                  split_object_inode)
 from shardfs.fuse.shardset import MountedShard, ShardSet
+from shardfs.shard import KEY_SIZE
 from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped
 
 log = logging.getLogger("shardfs.fuse")
@@ -108,6 +109,8 @@ LISTING_CACHE_SIZE = 64
 DB_LISTING_BASE = 1 << 62
 
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
+#: Bytes of an object's name: its key in hex.
+NAME_SIZE = 2 * KEY_SIZE
 
 #: open(2) flags that ask for write access or would modify the file.
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CREAT", 0)
@@ -120,7 +123,7 @@ def parse_name(name: bytes) -> Optional[bytes]:
     characters. Uppercase hex, other lengths and anything else are not names
     of this filesystem (so each object has exactly one spelling).
     """
-    if len(name) != 64 or not _HEX_DIGITS.issuperset(name):
+    if len(name) != NAME_SIZE or not _HEX_DIGITS.issuperset(name):
         return None
     return bytes.fromhex(name.decode("ascii"))
 
@@ -722,7 +725,7 @@ class ShardFS(pyfuse3.Operations):
         data.f_files = sum(m.objects_count if m.live_count is None else m.live_count for m in served)
         data.f_ffree = 0
         data.f_favail = 0
-        data.f_namemax = 64
+        data.f_namemax = NAME_SIZE
         return data
 
     @_handler

@@ -10,6 +10,7 @@ as a read-only FUSE filesystem (``shardfs mount``).
 from .errors import CorruptShardError, DuplicateKeyError, ShardError
 from .shard import KEY_SIZE, SLOT_SIZE, Header, Shard, ShardWriter, delete, normalize_key
 
+#: The package's version, written only here (pyproject.toml reads it).
 __version__ = "0.1.0"
 
 __all__ = [

@@ -20,6 +20,7 @@ with ``--debug`` to get the Python traceback as well.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import logging
 import os
@@ -37,9 +38,6 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
-
-#: The subcommands (anything else first is a mount helper call).
-COMMANDS = ("create", "info", "ls", "get", "check", "delete", "mount", "umount")
 
 #: Files up to this many bytes are read once into memory (hashed and added
 #: from the same buffer); larger ones are hashed, then streamed by the writer.
@@ -654,7 +652,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    """Mount shards read-only through FUSE (shardfs.fuse.mount)."""
+    """Mount shards read-only through FUSE (shardfs.fuse.mount.mount_shards)."""
     if not args.paths:
         raise UsageError("mount: the following arguments are required: MOUNTPOINT (see 'shardfs mount --help')")
     shards, mountpoint = args.paths[:-1], args.paths[-1]
@@ -682,7 +680,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
-        result = fuse_mount.mount(
+        return fuse_mount.mount_shards(
             shard_paths=shards,
             mountpoint=mountpoint,
             foreground=args.foreground,
@@ -701,7 +699,6 @@ def cmd_mount(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
 
 
 def _hide_password(dsn: str) -> None:
@@ -727,8 +724,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
         from shardfs.fuse import mount as fuse_mount
     except ImportError as exc:
         raise Failure(f"umount is unavailable: {one_line(exc)}") from exc
-    result = fuse_mount.umount(args.mountpoint)
-    return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+    return fuse_mount.umount(args.mountpoint)
 
 
 # --------------------------------------------------------------------- parser
@@ -747,32 +743,25 @@ class _Parser(argparse.ArgumentParser):
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("shardfs")
-    except Exception:  # not installed (running from a source tree)
-        return getattr(sys.modules.get("shardfs"), "__version__", "unknown")
-
-
 class _VersionAction(argparse.Action):
-    """``--version``: the version is looked up (importlib.metadata, some 20
-    ms) only when asked for, not at every start."""
+    """``--version``: prints ``shardfs.__version__``, the one place the
+    version is written (pyproject.toml reads it from there too)."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
                          help="show the version and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser._print_message(f"shardfs {_version()}\n", sys.stdout)
+        from shardfs import __version__
+
+        parser._print_message(f"shardfs {__version__}\n", sys.stdout)
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser for the whole command line."""
-    # Options accepted both before and after the command name; SUPPRESS keeps
-    # a subcommand's default from overwriting what the main parser parsed.
+def _common_options() -> argparse.ArgumentParser:
+    """Options accepted both before and after the command name (a parent
+    parser); SUPPRESS keeps a subcommand's default from overwriting what
+    the main parser parsed."""
     common = _Parser(add_help=False)
     common.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS,
@@ -782,7 +771,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
         help="informational logging",
     )
+    return common
 
+
+def _main_parser(common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The parser of ``shardfs`` itself, without its commands."""
     parser = _Parser(
         prog="shardfs",
         formatter_class=_FORMATTER,
@@ -807,18 +800,25 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action=_VersionAction)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    return parser
 
-    def command(name, func, help, description, examples):
-        p = sub.add_parser(
-            name, help=help, description=description, parents=[common],
-            formatter_class=_FORMATTER, epilog="examples:\n" + examples,
-        )
-        p.set_defaults(func=func)
-        return p
 
+def _command(sub, common: argparse.ArgumentParser, name: str, func, help: str, description: str,
+             examples: str) -> argparse.ArgumentParser:
+    """Add command `name` (run by `func`) to `sub`, with the common options
+    and its help, description and examples; returns its parser."""
+    p = sub.add_parser(
+        name, help=help, description=description, parents=[common],
+        formatter_class=_FORMATTER, epilog="examples:\n" + examples,
+    )
+    p.set_defaults(func=func)
+    return p
+
+
+def _add_create_parser(command) -> None:
+    """``shardfs create``: `command(func, help, description, examples)` adds it."""
     p = command(
-        "create", cmd_create,
+        cmd_create,
         "build a shard from files and directories",
         "Build a shard from the regular files given or found (recursively) in the\n"
         "directories given. Each object is keyed by the SHA-256 of its content;\n"
@@ -850,8 +850,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(find -print0, xargs -0)")
     p.add_argument("--force", action="store_true", help="replace SHARD if it exists")
 
+
+def _add_info_parser(command) -> None:
+    """``shardfs info``: `command(func, help, description, examples)` adds it."""
     p = command(
-        "info", cmd_info,
+        cmd_info,
         "show a shard's header and sizes",
         "Print the seven header fields, the slot count, the number of live\n"
         "objects, the shard's extent and hash section size (bytes) and the total\n"
@@ -860,8 +863,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("shard", metavar="SHARD")
 
+
+def _add_ls_parser(command) -> None:
+    """``shardfs ls``: `command(func, help, description, examples)` adds it."""
     p = command(
-        "ls", cmd_ls,
+        cmd_ls,
         "list the objects of a shard",
         "Print one line per live object, in slot order: its key (64 hexadecimal\n"
         "digits), and with -l its size in bytes. The keys are the objects' paths\n"
@@ -873,8 +879,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("shard", metavar="SHARD")
     p.add_argument("-l", "--long", action="store_true", help="also print each object's size in bytes")
 
+
+def _add_get_parser(command) -> None:
+    """``shardfs get``: `command(func, help, description, examples)` adds it."""
     p = command(
-        "get", cmd_get,
+        cmd_get,
         "write objects to stdout",
         "Write the bytes of the objects named by KEY (64 hexadecimal digits) to\n"
         "stdout, one after the other; KEY '-' reads keys from stdin, one per line.\n"
@@ -891,8 +900,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output-dir", metavar="DIR",
                    help="write each object to DIR/<key> (DIR created if missing) instead of stdout")
 
+
+def _add_check_parser(command) -> None:
+    """``shardfs check``: `command(func, help, description, examples)` adds it."""
     p = command(
-        "check", cmd_check,
+        cmd_check,
         "verify a shard",
         "Verify a shard's structure: header, perfect hash, every index slot and\n"
         "object size. With --hash, also verify that every object's SHA-256 is\n"
@@ -904,8 +916,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("shard", metavar="SHARD")
     p.add_argument("--hash", action="store_true", help="also verify every object's SHA-256")
 
+
+def _add_delete_parser(command) -> None:
+    """``shardfs delete``: `command(func, help, description, examples)` adds it."""
     p = command(
-        "delete", cmd_delete,
+        cmd_delete,
         "take objects down from a shard, in place",
         "Remove objects from a shard in place, as the reference implementation\n"
         "does for legal takedowns: the object's bytes and size are zeroed and its\n"
@@ -919,8 +934,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("keys", metavar="KEY", nargs="+")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
+
+def _add_mount_parser(command) -> None:
+    """``shardfs mount``: `command(func, help, description, examples)` adds it."""
     p = command(
-        "mount", cmd_mount,
+        cmd_mount,
         "mount shards read-only as one tree (FUSE)",
         "Mount the SHARDs (files or block devices) and/or every shard of\n"
         "--shard-dir read-only at MOUNTPOINT through FUSE. Each object is a file\n"
@@ -995,13 +1013,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", metavar="FILE",
                    help="write the filesystem's log to FILE (INFO; DEBUG with --debug)")
 
+
+def _add_umount_parser(command) -> None:
+    """``shardfs umount``: `command(func, help, description, examples)` adds it."""
     p = command(
-        "umount", cmd_umount,
+        cmd_umount,
         "unmount a shardfs mount point",
         "Unmount a filesystem mounted with 'shardfs mount'.",
         "  shardfs umount /mnt/shard\n",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
+
+
+#: The commands, in the order ``shardfs --help`` lists them (anything
+#: else first is a mount helper call), and the function that adds each
+#: one's parser.
+_COMMAND_PARSERS = {
+    "create": _add_create_parser, "info": _add_info_parser, "ls": _add_ls_parser,
+    "get": _add_get_parser, "check": _add_check_parser, "delete": _add_delete_parser,
+    "mount": _add_mount_parser, "umount": _add_umount_parser,
+}
+COMMANDS = tuple(_COMMAND_PARSERS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser for the whole command line."""
+    common = _common_options()
+    parser = _main_parser(common)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, add in _COMMAND_PARSERS.items():
+        add(functools.partial(_command, sub, common, name))
     return parser
 
 

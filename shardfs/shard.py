@@ -17,12 +17,18 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 from . import _shardfs
 from .errors import CorruptShardError, DuplicateKeyError, ShardError
 
-KEY_SIZE = 32  #: bytes in a key (SHA-256)
-SLOT_SIZE = 40  #: bytes in an index slot: key + big-endian u64 offset
+#: Format constants, defined once in the C core (``shardfs/c/shard.h``):
+#: bytes in a key (SHA-256); in an index slot (key + big-endian u64
+#: offset); of the magic and header (the header ends there); of the
+#: big-endian u64 size field before each object's bytes.
+KEY_SIZE = _shardfs.KEY_SIZE
+SLOT_SIZE = _shardfs.SLOT_SIZE
+HEADER_END = _shardfs.HEADER_END
+SIZE_FIELD_SIZE = _shardfs.SIZE_FIELD_SIZE
 
 Key = Union[bytes, bytearray, memoryview, str]
 
-#: The seven header fields (big-endian u64 at bytes 32..88 of the file),
+#: The seven header fields (big-endian u64 from byte 32 to HEADER_END),
 #: positions and sizes in bytes. Source: Software Heritage swh-shard format.
 Header = namedtuple(
     "Header",
@@ -289,7 +295,7 @@ class Shard:
                 digest = h.digest()
                 if digest != key:
                     problems.append(f"object {key.hex()}: SHA-256 of its {size} bytes is {digest.hex()}")
-                done += size + 8
+                done += SIZE_FIELD_SIZE + size
                 if progress:
                     progress(done, total)
         return problems

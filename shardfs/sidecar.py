@@ -23,21 +23,23 @@ answers for a superset of the live keys (a deleted key may still be
 get (``Shard.slot(i)`` is None for a deleted one). ``build()`` again to drop
 deleted keys.
 
-``SidecarSet`` holds the sidecars of many shards, by index:
-``candidates(key)`` lists the indices whose shard may hold the key, in one C
-call that overlaps the cache misses of all sidecars. It is not thread-safe:
+``SidecarSet`` holds the sidecars of many shards, by shard number (the
+number a mount gives each shard, `shardfs.fuse.shardset`):
+``candidates(key)`` lists the numbers of the shards that may hold the key,
+in one C call that overlaps the cache misses of all sidecars. It is not thread-safe:
 use it under the GIL (from one thread at a time).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from typing import Optional, Union
 
 from . import _shardfs
 from .errors import StaleSidecarError
-from .shard import Shard
+from .shard import HEADER_END, Shard
 
 #: ``Sidecar(path, identity, slot_count)``: an open sidecar (read-only mmap).
 #: Raises StaleSidecarError when the file belongs to another shard or is
@@ -47,21 +49,23 @@ from .shard import Shard
 #: the first prefix_bits bits of prefix; bits past the sidecar's own
 #: ``prefix_bits + 32`` are ignored, a superset then), ``slots(begin, end) ->
 #: list[int]`` (IndexError outside [0, count]), ``close()``; attributes
-#: ``count`` (entries), ``prefix_bits`` (p), ``slot_count``, ``closed``.
+#: ``count`` (keys listed: the live objects when it was built), ``prefix_bits``
+#: (p), ``slot_count``, ``closed``.
 #: Queries keep the GIL (may_contain and range take well under a microsecond
 #: when the file is in the page cache; a cold page is read with the GIL held).
 Sidecar = _shardfs.Sidecar
 
-#: ``SidecarSet()``: entries ``i`` (0 <= i < 2^32 - 1) that are inactive
-#: (never a candidate), active without a filter (``set(i, None)``: always a
-#: candidate) or active with a Sidecar (``set(i, sidecar)``, kept referenced;
-#: closing it while in the set keeps its mapping until the entry goes).
-#: ``remove(i)`` makes an entry inactive; ``candidates(key32) -> list[int]``
-#: the active entries that may hold the key, in increasing order;
-#: ``len()`` counts the active entries, ``size`` is 1 + the largest index set.
+#: ``SidecarSet()``: shard numbers ``n`` (0 <= n < 2^32 - 1) that are
+#: inactive (never a candidate), active without a filter (``set(n, None)``:
+#: always a candidate) or active with a Sidecar (``set(n, sidecar)``, kept
+#: referenced; closing it while in the set keeps its mapping until the
+#: number is removed). ``remove(n)`` makes a number inactive;
+#: ``candidates(key32) -> list[int]`` the active numbers whose shard may
+#: hold the key, in increasing order; ``len()`` counts the active numbers,
+#: ``size`` is 1 + the largest number set.
 SidecarSet = _shardfs.SidecarSet
 
-IDENTITY_SIZE = 32  #: bytes of a shard identity (SHA-256)
+IDENTITY_SIZE = _shardfs.SIDECAR_IDENTITY_SIZE  #: bytes of a shard identity (SHA-256)
 _PROBE = 4096  #: bytes read at each end of the hash and index sections
 _IDENTITY_TAG = b"shardfs sidecar identity v1\0"
 
@@ -84,14 +88,15 @@ def default_cache_dir() -> str:
 def _pread(fd: int, size: int, offset: int, path: str) -> bytes:
     data = os.pread(fd, size, offset)
     if len(data) != size:
-        raise OSError(5, f"{path}: short read of {size} bytes at {offset} (file truncated?)")
+        raise OSError(errno.EIO, f"{path}: short read of {size} bytes at {offset} (file truncated?)")
     return data
 
 
 def identity(shard: Shard) -> bytes:
-    """The shard's identity, 32 bytes: SHA-256 over the 88 header bytes, the
-    slot count, the first min(4096, hash_size) bytes of the hash section and
-    the first and last min(4096, index_size) bytes of the index.
+    """The shard's identity, 32 bytes: SHA-256 over the magic and header
+    (its first HEADER_END bytes), the slot count, the first min(4096,
+    hash_size) bytes of the hash section and the first and last min(4096,
+    index_size) bytes of the index.
 
     At most ~12 KiB are read (with os.pread on the shard's own descriptor:
     the very file it maps, even if its path now names another), whatever
@@ -104,7 +109,7 @@ def identity(shard: Shard) -> bytes:
     probe_hash = min(_PROBE, shard.hash_size)
     probe_index = min(_PROBE, header.index_size)
     fd = shard.fileno()
-    head = _pread(fd, 88, 0, shard.path)
+    head = _pread(fd, HEADER_END, 0, shard.path)
     hash_head = _pread(fd, probe_hash, header.hash_position, shard.path)
     index_head = _pread(fd, probe_index, header.index_position, shard.path)
     index_tail = _pread(fd, probe_index,

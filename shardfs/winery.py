@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from shardfs.errors import ShardError
-from shardfs.shard import normalize_key
+from shardfs.shard import KEY_SIZE, SLOT_SIZE, normalize_key
 
 log = logging.getLogger("shardfs.winery")
 
@@ -608,8 +608,8 @@ class Reader:
                     hit = shard.find(key, nowait=True)
                 except BlockingIOError:
                     try:
-                        at = shard.header.index_position + 40 * shard.slot_of(key)
-                        os.posix_fadvise(shard.fileno(), at, 40, os.POSIX_FADV_WILLNEED)
+                        at = shard.header.index_position + SLOT_SIZE * shard.slot_of(key)
+                        os.posix_fadvise(shard.fileno(), at, SLOT_SIZE, os.POSIX_FADV_WILLNEED)
                         slots.append((shard, at, key))
                     except (OSError, ValueError):
                         pass
@@ -628,10 +628,10 @@ class Reader:
                 break
         for shard, at, key in slots:
             try:
-                entry = os.pread(shard.fileno(), 40, at)
-                if entry[:32] != key:
+                entry = os.pread(shard.fileno(), SLOT_SIZE, at)
+                if entry[:KEY_SIZE] != key:
                     continue  # not this shard's key: nothing to read
-                offset = int.from_bytes(entry[32:40], "big")
+                offset = int.from_bytes(entry[KEY_SIZE:SLOT_SIZE], "big")
                 if offset < shard.extent:
                     os.posix_fadvise(shard.fileno(), offset, min(data_bytes, shard.extent - offset),
                                      os.POSIX_FADV_WILLNEED)

@@ -1,8 +1,8 @@
 """Corrupt and truncated shards: shardfs must refuse them cleanly.
 
 A small valid shard is built once; every variant below is a copy with some
-bytes changed or cut (offsets from the format, design.md §1: the header is
-seven big-endian u64 at byte 32 + 8*i; slots are 40 bytes at
+bytes changed or cut (offsets from the format, docs/format.md "Layout": the
+header is seven big-endian u64 at byte 32 + 8*i; slots are 40 bytes at
 index_position; the hash section is cmph's CHD_PH dump).
 
 For each variant:

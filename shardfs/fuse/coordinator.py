@@ -121,11 +121,11 @@ def index_batches(members: Sequence[MountedShard]) -> "Iterator[List[MountedShar
     batch: List[MountedShard] = []
     objects = 0
     for member in members:
-        if batch and (len(batch) >= INDEX_BATCH_SHARDS or objects + member.objects > INDEX_BATCH_OBJECTS):
+        if batch and (len(batch) >= INDEX_BATCH_SHARDS or objects + member.objects_count > INDEX_BATCH_OBJECTS):
             yield batch
             batch, objects = [], 0
         batch.append(member)
-        objects += member.objects
+        objects += member.objects_count
     if batch:
         yield batch
 
@@ -511,7 +511,7 @@ class Coordinator:
                      self.shards.shard_dir or "the shards named at mount", len(added), len(gone))
             for member in added[:LOG_NAMES]:
                 log.info("serving shard %s as number %d (%d objects)", member.path, member.number,
-                         member.objects)
+                         member.objects_count)
             self._hold(gone)
             self._publish()
             for member in gone:
@@ -647,18 +647,18 @@ class Coordinator:
         except (OSError, ShardError) as exc:
             if first == 0:
                 log.info("%s: its file is gone (%s): invalidating the inodes of its %d slots",
-                         member.path, exc, member.slots)
-            end = min(first + FORGET_BATCH, member.slots)
+                         member.path, exc, member.slot_count)
+            end = min(first + FORGET_BATCH, member.slot_count)
             for slot in range(first, end):
                 try:
                     pyfuse3.invalidate_inode(object_inode(member.number, slot), False)
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not have it
                         log.warning("cannot invalidate an object of %s: %s", member.path, exc)
-                        end = member.slots
+                        end = member.slot_count
                         break
             item[1] = end
-            if end < member.slots:
+            if end < member.slot_count:
                 return
             self._forget.pop(0)
             return
@@ -726,10 +726,10 @@ class Coordinator:
         coordinator's descriptor of a shard it holds open (removed, with
         names or files the kernel may still use), else None."""
         table: Dict[str, object] = {"shards": [
-            {"number": m.number, "path": m.path, "ident": m.ident, "objects": m.objects,
-             "slots": m.slots, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
+            {"number": m.number, "path": m.path, "ident": m.ident, "objects_count": m.objects_count,
+             "slot_count": m.slot_count, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
              "removed": m.removed, "fd": m.held.fileno() if m.held is not None else None,
-             "sidecar_dir": m.sidecar_dir, "live": m.live}
+             "sidecar_dir": m.sidecar_dir, "live_count": m.live_count}
             for _, m in sorted(self.shards.shards.items())
         ]}
         if self.shards.index is not None:

@@ -59,8 +59,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pyfuse3
 
-from shardfs.fuse.layout import ROOT_INODE, Layout, object_inode, split_db_inode, split_object_inode
+from shardfs.fuse.layout import (OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode, split_db_inode,
+                                 split_object_inode)
 from shardfs.fuse.shardset import MountedShard, ShardSet
+from shardfs.shard import KEY_SIZE
 from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped
 
 log = logging.getLogger("shardfs.fuse")
@@ -107,6 +109,8 @@ LISTING_CACHE_SIZE = 64
 DB_LISTING_BASE = 1 << 62
 
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
+#: Bytes of an object's name: its key in hex.
+NAME_SIZE = 2 * KEY_SIZE
 
 #: open(2) flags that ask for write access or would modify the file.
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CREAT", 0)
@@ -119,7 +123,7 @@ def parse_name(name: bytes) -> Optional[bytes]:
     characters. Uppercase hex, other lengths and anything else are not names
     of this filesystem (so each object has exactly one spelling).
     """
-    if len(name) != 64 or not _HEX_DIGITS.issuperset(name):
+    if len(name) != NAME_SIZE or not _HEX_DIGITS.issuperset(name):
         return None
     return bytes.fromhex(name.decode("ascii"))
 
@@ -339,7 +343,7 @@ class ShardFS(pyfuse3.Operations):
         member = self.shards.get(split[0])
         if member is None or (member.removed and not opened):
             raise pyfuse3.FUSEError(errno.ESTALE)
-        if split[1] >= member.slots:
+        if split[1] >= member.slot_count:
             raise pyfuse3.FUSEError(errno.ENOENT)
         try:
             found = member.shard.slot(split[1])
@@ -516,7 +520,7 @@ class ShardFS(pyfuse3.Operations):
 
     def _flat_batch(self, start_id: int) -> List[_Entry]:
         """Up to READDIR_BATCH objects of a flat root from position
-        `start_id` (= shard number << 32 | slot) on, in that order, leaving
+        `start_id` (= shard number << OBJECT_SHIFT | slot) on, in that order, leaving
         out keys a lower-numbered shard serves. In a winery mount, the
         objects only in its database follow, from position
         DB_LISTING_BASE + their index in this process's listing of them."""
@@ -536,7 +540,7 @@ class ShardFS(pyfuse3.Operations):
         return out
 
     def _flat_image_batch(self, start_id: int) -> List[_Entry]:
-        number, slot = start_id >> 32, start_id & 0xFFFFFFFF
+        number, slot = start_id >> OBJECT_SHIFT, start_id & SLOT_MASK
         hidden = self.winery.reader.is_hidden if self.winery is not None else None
         out: List[_Entry] = []
         for member in self.shards.served():
@@ -554,7 +558,7 @@ class ShardFS(pyfuse3.Operations):
                     continue  # taken down in the database
                 if member.number and self.shards.find(key, below=member.number, count=False) is not None:
                     continue  # served by a lower-numbered shard
-                pos = (member.number << 32) | slot_
+                pos = (member.number << OBJECT_SHIFT) | slot_
                 out.append((pos + 1, key.hex().encode("ascii"), object_inode(member.number, slot_),
                             False, size, time_ns))
                 if len(out) >= READDIR_BATCH:
@@ -718,10 +722,10 @@ class ShardFS(pyfuse3.Operations):
         data.f_blocks = sum(math.ceil(m.extent / 4096) for m in served)
         data.f_bfree = 0
         data.f_bavail = 0
-        data.f_files = sum(m.objects if m.live is None else m.live for m in served)
+        data.f_files = sum(m.objects_count if m.live_count is None else m.live_count for m in served)
         data.f_ffree = 0
         data.f_favail = 0
-        data.f_namemax = 64
+        data.f_namemax = NAME_SIZE
         return data
 
     @_handler
@@ -749,7 +753,7 @@ class ShardFS(pyfuse3.Operations):
             "sidecars": sum(1 for m in served if m.sidecar_dir is not None),
             "lookups": lookups,
             "index_probes": probes,
-            "objects": sum(m.objects for m in served),
+            "objects": sum(m.objects_count for m in served),
             "workers": self.hooks.per_process(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,
         }

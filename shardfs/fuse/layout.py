@@ -33,6 +33,8 @@ ROOT_INODE = 1
 DIR_INODE_BASE = 2
 #: Objects' inodes are (shard number + 1) << OBJECT_SHIFT | slot.
 OBJECT_SHIFT = 32
+#: The slot in an object's inode (its low OBJECT_SHIFT bits).
+SLOT_MASK = (1 << OBJECT_SHIFT) - 1
 #: Most hex characters a fan-out directory path may spell.
 MAX_PREFIX_HEX = 7
 #: Default slicing of `--layout fanout`.
@@ -49,6 +51,9 @@ def object_inode(number: int, slot: int) -> int:
 #: Flag of the inodes of objects read from a database (see above).
 DB_INODE_FLAG = 1 << 62
 _DB_POSITION_SHIFT = 48
+#: The worker position in a database object's inode: the bits between
+#: _DB_POSITION_SHIFT and the flag.
+_DB_POSITION_MASK = (DB_INODE_FLAG >> _DB_POSITION_SHIFT) - 1
 
 
 def db_inode(position: int, number: int) -> int:
@@ -61,7 +66,7 @@ def split_db_inode(inode: int) -> Optional[Tuple[int, int]]:
     for any other inode."""
     if not inode & DB_INODE_FLAG:
         return None
-    return (inode >> _DB_POSITION_SHIFT) & 0x3FFF, inode & ((1 << _DB_POSITION_SHIFT) - 1)
+    return (inode >> _DB_POSITION_SHIFT) & _DB_POSITION_MASK, inode & ((1 << _DB_POSITION_SHIFT) - 1)
 
 
 def split_object_inode(inode: int) -> Optional[Tuple[int, int]]:
@@ -69,7 +74,7 @@ def split_object_inode(inode: int) -> Optional[Tuple[int, int]]:
     or a database object."""
     if inode >> OBJECT_SHIFT == 0 or inode & DB_INODE_FLAG:
         return None
-    return (inode >> OBJECT_SHIFT) - 1, inode & ((1 << OBJECT_SHIFT) - 1)
+    return (inode >> OBJECT_SHIFT) - 1, inode & SLOT_MASK
 
 
 def parse_slicing(text: str) -> Tuple[int, ...]:

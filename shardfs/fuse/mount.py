@@ -1,10 +1,10 @@
 """Mounting and unmounting shards: checks, the pyfuse3 main loop, the daemon.
 
-`mount()` checks what it can before touching the kernel (the options, the
-mount point, the shard directory, the layout), then either serves in the
-foreground (`foreground=True`, until SIGINT/SIGTERM or an external unmount)
-or starts a detached daemon process and returns once the filesystem
-answers. The process that serves opens and validates the shards
+`mount_shards()` checks what it can before touching the kernel (the
+options, the mount point, the shard directory, the layout), then either
+serves in the foreground (`foreground=True`, until SIGINT/SIGTERM or an
+external unmount) or starts a detached daemon process and returns once the
+filesystem answers. The process that serves opens and validates the shards
 (`open_shard_set`): an error there fails the mount with one line.
 
 The daemon is a fresh interpreter (``python -m shardfs.fuse.mount --serve``),
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # imported lazily at run time: pyfuse3 and trio are heavy
 
 log = logging.getLogger("shardfs.fuse")
 
-#: Seconds `mount()` waits for the daemon to answer before giving up.
+#: Seconds `mount_shards()` waits for the daemon to answer before giving up.
 READY_TIMEOUT = 10.0
 #: Seconds between two progress lines of a daemon opening its shards.
 PROGRESS_SECONDS = 1.0
@@ -353,24 +353,38 @@ def open_winery(dsn: str, pools_dir: Optional[str], cache_dir: Optional[str]) ->
     return shards, catalog, view
 
 
+#: The names `--layout` takes.
+LAYOUTS = ("auto", "flat", "fanout")
+
+
+def check_layout(name: str, slicing: Optional[str]) -> None:
+    """Raise ShardError (one line) when `name` is not one of LAYOUTS or
+    `slicing` (None: the default) is not a valid slicing."""
+    from shardfs.fuse.layout import parse_slicing
+
+    if name not in LAYOUTS:
+        raise _shard_error(f"unknown layout {name!r}: expected auto, flat or fanout")
+    if slicing is not None:
+        try:
+            parse_slicing(slicing)
+        except ValueError as exc:
+            raise _shard_error(str(exc)) from None
+
+
 def choose_layout(name: str, slicing: Optional[str], shards: "ShardSet") -> "Layout":
     """The Layout for `--layout NAME` ("auto", "flat" or "fanout") and
     `--slicing`. "auto" is flat up to AUTO_FLAT_LIMIT objects, else fan-out.
-    Raises ShardError for an unknown name or a bad slicing."""
+    Raises ShardError for an unknown name or a bad slicing (`check_layout`)."""
     from shardfs.fuse.layout import DEFAULT_SLICING, Layout
 
+    check_layout(name, slicing)
     if name == "auto":
-        total = sum(m.objects for m in shards.served())
+        total = sum(m.objects_count for m in shards.served())
         followed = shards.shard_dir is not None or getattr(shards, "followed", False)
         name = "flat" if total <= AUTO_FLAT_LIMIT and not followed else "fanout"
     if name == "flat":
         return Layout.flat()
-    if name == "fanout":
-        try:
-            return Layout.fanout(slicing or DEFAULT_SLICING)
-        except ValueError as exc:
-            raise _shard_error(str(exc)) from None
-    raise _shard_error(f"unknown layout {name!r}: expected auto, flat or fanout")
+    return Layout.fanout(slicing or DEFAULT_SLICING)
 
 
 def serve(
@@ -465,7 +479,7 @@ def _progress_reporter(ready_fd: Optional[int]) -> Callable[[int, int], None]:
 # ------------------------------------------------------------------ mount
 
 
-def mount(
+def mount_shards(
     shard_paths: Sequence[str],
     mountpoint: str,
     foreground: bool = False,
@@ -526,30 +540,42 @@ def mount(
     if not shard_paths and shard_dir is None:
         raise _shard_error("no shard to mount: give SHARD paths or --shard-dir")
     opts, own = build_options(shard_paths or [shard_dir or "shards"], options, helper=helper)
-    layout = layout or own.get("layout") or "auto"
-    slicing = slicing or own.get("slicing")
-    cache_dir = os.path.abspath(cache_dir or own.get("cache_dir") or _default_cache_dir())
-    workers = workers or (int(own["workers"]) if "workers" in own else None)
-    uid = int(own["uid"]) if "uid" in own else None
-    gid = int(own["gid"]) if "gid" in own else None
-    if layout not in ("auto", "flat", "fanout"):
-        raise _shard_error(f"unknown layout {layout!r}: expected auto, flat or fanout")
-    if slicing is not None:
-        from shardfs.fuse.layout import parse_slicing
-
-        try:
-            parse_slicing(slicing)
-        except ValueError as exc:
-            raise _shard_error(str(exc)) from None
+    settings = _settings(own, layout, slicing, cache_dir, workers, default_layout="auto")
     mp = check_mountpoint(mountpoint)
     if not foreground:
         return _spawn_daemon(shard_paths, mp, opts, debug, log_file, progress=progress, shard_dir=shard_dir,
-                             layout=layout, slicing=slicing, cache_dir=cache_dir, uid=uid, gid=gid,
-                             workers=workers)
+                             **settings)
     setup_logging(debug, log_file)
-    shards = open_shard_set(shard_paths, shard_dir, cache_dir)
+    return _serve_foreground(open_shard_set(shard_paths, shard_dir, settings["cache_dir"]), mp, opts,
+                             settings)
+
+
+def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str],
+              cache_dir: Optional[str], workers: Optional[int], default_layout: str) -> Dict[str, object]:
+    """The settings of a mount (the daemon's options): each argument, else
+    its ``-o`` option (`own`, from `build_options`), else its default.
+    Raises ShardError for a bad layout or slicing (`check_layout`)."""
+    layout = layout or own.get("layout") or default_layout
+    slicing = slicing or own.get("slicing")
+    check_layout(layout, slicing)
+    return {
+        "layout": layout,
+        "slicing": slicing,
+        "cache_dir": os.path.abspath(cache_dir or own.get("cache_dir") or _default_cache_dir()),
+        "uid": int(own["uid"]) if "uid" in own else None,
+        "gid": int(own["gid"]) if "gid" in own else None,
+        "workers": workers or (int(own["workers"]) if "workers" in own else None),
+    }
+
+
+def _serve_foreground(shards: "ShardSet", mountpoint: str, options: List[str], settings: Dict[str, object],
+                      winery: "Optional[Tuple[object, object]]" = None) -> int:
+    """Serve `shards` in this process (`serve`) until unmounted, then close
+    them; returns the exit status."""
     try:
-        return serve(shards, mp, opts, choose_layout(layout, slicing, shards), uid, gid, workers=workers)
+        layout = choose_layout(settings["layout"], settings["slicing"], shards)
+        return serve(shards, mountpoint, options, layout, settings["uid"], settings["gid"],
+                     workers=settings["workers"], winery=winery)
     finally:
         shards.close()
 
@@ -558,7 +584,7 @@ def _mount_winery(dsn: str, mountpoint: str, foreground: bool, options: Optional
                   debug: bool, log_file: Optional[str], layout: Optional[str], slicing: Optional[str],
                   cache_dir: Optional[str], helper: bool, workers: Optional[int],
                   pools_dir: Optional[str]) -> int:
-    """`mount()` of a winery deployment."""
+    """`mount_shards()` of a winery deployment."""
     from shardfs.winery import check, database_name
 
     opts, own = build_options([f"winery-{database_name(dsn)}"], options, helper=helper)
@@ -567,28 +593,16 @@ def _mount_winery(dsn: str, mountpoint: str, foreground: bool, options: Optional
         pools_dir = os.path.abspath(pools_dir)
         if not os.path.isdir(pools_dir):
             raise _shard_error(f"winery pools directory {pools_dir} is not a directory")
-    layout = layout or own.get("layout") or "fanout"
-    slicing = slicing or own.get("slicing")
-    if layout not in ("auto", "flat", "fanout"):
-        raise _shard_error(f"unknown layout {layout!r}: expected auto, flat or fanout")
-    cache_dir = os.path.abspath(cache_dir or own.get("cache_dir") or _default_cache_dir())
-    workers = workers or (int(own["workers"]) if "workers" in own else None)
-    uid = int(own["uid"]) if "uid" in own else None
-    gid = int(own["gid"]) if "gid" in own else None
+    settings = _settings(own, layout, slicing, cache_dir, workers, default_layout="fanout")
     mp = check_mountpoint(mountpoint)
     check(dsn)  # a wrong DSN or a database that is not winery's: one line, now
     if not foreground:
         return _spawn_daemon([], mp, opts, debug, log_file, stdin_data=dsn.encode(), winery_stdin=True,
-                             winery_pools_dir=pools_dir, layout=layout, slicing=slicing,
-                             cache_dir=cache_dir, uid=uid, gid=gid, workers=workers)
+                             winery_pools_dir=pools_dir, **settings)
     setup_logging(debug, log_file)
-    shards, catalog, view = open_winery(dsn, pools_dir, cache_dir)
+    shards, catalog, view = open_winery(dsn, pools_dir, settings["cache_dir"])
     shards.followed = True
-    try:
-        return serve(shards, mp, opts, choose_layout(layout, slicing, shards), uid, gid, workers=workers,
-                     winery=(catalog, view))
-    finally:
-        shards.close()
+    return _serve_foreground(shards, mp, opts, settings, winery=(catalog, view))
 
 
 def _default_cache_dir() -> str:

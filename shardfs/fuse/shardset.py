@@ -61,16 +61,16 @@ class MountedShard:
     reading the shard is kept here: `path` it is opened by (a file or a
     block device), `ident` the (st_dev, st_ino, st_rdev) it had when first
     opened (a file found under `path` with another ident is another shard
-    and is not opened in its place), `objects` (header count), `extent`
-    (bytes mapped), `slots` (index slots), `mtime` (seconds) and
-    `identity`.
+    and is not opened in its place), `objects_count` (the header field),
+    `extent` (bytes mapped), `slot_count` (index slots), `mtime` (seconds)
+    and `identity`.
     """
 
     number: int
     path: str
     ident: Tuple[int, int, int]
-    objects: int
-    slots: int
+    objects_count: int
+    slot_count: int
     extent: int
     mtime: float
     #: The shard's 32-byte identity (`shardfs.sidecar.identity`), computed
@@ -85,8 +85,8 @@ class MountedShard:
     sidecar_dir: Optional[str] = None
     #: A sidecar build was tried and failed: the shard stays unfiltered.
     sidecar_failed: bool = False
-    #: Live objects (its sidecar's count), once a sidecar was read.
-    live: Optional[int] = None
+    #: Live objects (its sidecar's count of keys), once a sidecar was read.
+    live_count: Optional[int] = None
     #: A level of the global index holds the shard: it is found through
     #: the index, and needs no filter of its own.
     indexed: bool = False
@@ -342,7 +342,7 @@ class ShardSet:
         try:
             if member.source is None and file_ident(os.fstat(shard.fileno())) != member.ident:
                 raise OSError(errno.ESTALE, f"{member.path}: replaced by another file since it was mounted")
-            if shard.header.objects_count != member.objects or shard.extent != member.extent:
+            if shard.header.objects_count != member.objects_count or shard.extent != member.extent:
                 raise OSError(errno.ESTALE, f"{member.path}: changed size since it was mounted")
         except BaseException:
             shard.close()
@@ -383,11 +383,11 @@ class ShardSet:
         missing, stale or cannot be read."""
         try:
             sidecar = sidecar_mod.Sidecar(sidecar_mod.sidecar_path(directory, member.identity),
-                                          member.identity, member.slots)
+                                          member.identity, member.slot_count)
         except Exception as exc:  # removed from the cache directory, damaged
             log.warning("%s: cannot load its sidecar from %s: %s", member.path, directory, exc)
             return None
-        member.live = sidecar.count
+        member.live_count = sidecar.count
         return sidecar
 
     def sidecar_built(self, member: MountedShard, directory: str) -> bool:
@@ -460,7 +460,7 @@ class ShardSet:
                 log.warning("%s: cannot load its sidecar: %s", path, exc)
         elif os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
             member.sidecar_dir = self.cache_dir  # loaded when a listing needs it
-        log.debug("serving shard %s as number %d (%d objects%s)", path, number, member.objects,
+        log.debug("serving shard %s as number %d (%d objects%s)", path, number, member.objects_count,
                   ", indexed" if member.indexed else "" if member.filter is not None else ", sidecar pending")
         return member
 
@@ -555,14 +555,14 @@ class ShardSet:
             sidecar.close()
             return
         member.sidecar_dir = directory
-        member.live = sidecar.count
+        member.live_count = sidecar.count
         if member.indexed:
             sidecar.close()  # loaded again when a listing needs it
         else:
             member.filter = sidecar
             self.filters.set(member.number, sidecar)
         self.version += 1
-        log.info("shard %s: sidecar ready (%d keys)", member.path, member.live)
+        log.info("shard %s: sidecar ready (%d keys)", member.path, member.live_count)
 
     def mark_indexed(self, member: MountedShard) -> None:
         """`member` is in the global index from now on: drop its own filter

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from shardfs.fuse.layout import db_inode, split_db_inode
+from shardfs.shard import KEY_SIZE
 from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped, Location, Reader
 
 log = logging.getLogger("shardfs.fuse")
@@ -188,9 +189,9 @@ def key_range(hexprefix: str) -> Tuple[bytes, Optional[bytes]]:
     the range reaches the last key."""
     n = len(hexprefix)
     if n == 0:
-        return bytes(32), None
+        return bytes(KEY_SIZE), None
     value = int(hexprefix, 16)
-    shift = 4 * (64 - n)
-    low = (value << shift).to_bytes(32, "big")
+    shift = 4 * (2 * KEY_SIZE - n)
+    low = (value << shift).to_bytes(KEY_SIZE, "big")
     top = (value + 1) << shift
-    return low, (top.to_bytes(32, "big") if top < 1 << 256 else None)
+    return low, (top.to_bytes(KEY_SIZE, "big") if top < 1 << (8 * KEY_SIZE) else None)

@@ -157,9 +157,9 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
             if entry["removed"]:
                 continue  # never served here: nothing open on it here
             member = shards.add_entry(MountedShard(
-                number, entry["path"], tuple(entry["ident"]), entry["objects"], entry["slots"],
+                number, entry["path"], tuple(entry["ident"]), entry["objects_count"], entry["slot_count"],
                 entry["extent"], entry["mtime"], identity=bytes.fromhex(entry["identity"])))
-        member.live = entry["live"]
+        member.live_count = entry["live_count"]
         if entry["fd"] is not None:
             member.source = "/proc/%d/fd/%d" % (coordinator, entry["fd"])
         if entry["removed"]:

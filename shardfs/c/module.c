@@ -21,40 +21,60 @@ PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError
 
 /* The helpers py_module.h declares for every type's file. */
 
-PyObject *raise_error(const sfs_error_t *err)
+/* A message of the C core as str: UTF-8, bytes that are not (a path's)
+ * replaced, so that the error itself is raised, not a UnicodeDecodeError.
+ * New reference, or NULL with an exception. */
+static PyObject *text(const char *message)
 {
-    switch (err->status) {
-    case SFS_EIO: {
-        /* OSError(errno, message) picks the subclass (FileNotFoundError...) */
-        PyObject *args = Py_BuildValue("(is)", err->sys_errno, err->message);
-        if (args) {
-            PyErr_SetObject(PyExc_OSError, args);
-            Py_DECREF(args);
-        }
-        return NULL;
-    }
-    case SFS_ECORRUPT:
-        PyErr_SetString(CorruptShardError, err->message);
-        return NULL;
-    case SFS_EDUPLICATE:
-        PyErr_SetString(DuplicateKeyError, err->message);
-        return NULL;
-    case SFS_ENOMEM:
-        return PyErr_NoMemory();
-    default:
-        PyErr_SetString(ShardError, err->message);
-        return NULL;
-    }
+    return PyUnicode_DecodeUTF8(message, (Py_ssize_t)strlen(message), "replace");
 }
 
-PyObject *gone(const char *path)
+/* OSError(errnum, message), which picks the subclass (FileNotFoundError...);
+ * `message` is stolen (NULL: its exception stays). Returns NULL. */
+static PyObject *set_os_error(int errnum, PyObject *message)
 {
-    PyObject *args = Py_BuildValue("(is)", EIO, path);
+    PyObject *args = Py_BuildValue("(iN)", errnum, message);
     if (args) {
         PyErr_SetObject(PyExc_OSError, args);
         Py_DECREF(args);
     }
     return NULL;
+}
+
+PyObject *raise_message(PyObject *type, const char *message)
+{
+    PyObject *s = text(message);
+    if (s) {
+        PyErr_SetObject(type, s);
+        Py_DECREF(s);
+    }
+    return NULL;
+}
+
+PyObject *raise_error(const sfs_error_t *err)
+{
+    switch (err->status) {
+    case SFS_EIO:
+        return set_os_error(err->sys_errno, text(err->message));
+    case SFS_ECORRUPT:
+        return raise_message(CorruptShardError, err->message);
+    case SFS_EDUPLICATE:
+        return raise_message(DuplicateKeyError, err->message);
+    case SFS_ENOMEM:
+        return PyErr_NoMemory();
+    default:
+        return raise_message(ShardError, err->message);
+    }
+}
+
+PyObject *os_error(int errnum, const char *path, const char *what)
+{
+    return set_os_error(errnum, PyUnicode_FromFormat("%s: %s", path, what));
+}
+
+PyObject *gone(const char *path)
+{
+    return os_error(EIO, path, GONE_REASON);
 }
 
 PyObject *corrupt_slot(const sfs_shard_t *shard)

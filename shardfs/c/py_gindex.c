@@ -12,8 +12,7 @@
 static PyObject *raise_gindex_error(const sfs_error_t *err)
 {
     if (err->status == SFS_EINVAL) {
-        PyErr_SetString(PyExc_ValueError, err->message);
-        return NULL;
+        return raise_message(PyExc_ValueError, err->message);
     }
     return raise_error(err);
 }

@@ -37,14 +37,25 @@ extern PyTypeObject ReaderType, WriterType, SidecarType, SidecarSetType, GlobalI
 
 /* ---------------------------------------------------------------- errors (module.c) */
 
+/* An exception of `type` with a message of the C core (which may hold a
+ * path that is not UTF-8: such bytes are replaced). Returns NULL. */
+PyObject *raise_message(PyObject *type, const char *message);
+
 /* The exception for a failed call of the C core (err from shard.h,
  * sidecar.h, gindex.h): OSError(errno, message) for SFS_EIO,
  * CorruptShardError, DuplicateKeyError, MemoryError, else ShardError.
  * Returns NULL. */
 PyObject *raise_error(const sfs_error_t *err);
 
-/* OSError(EIO) for a call that hit SIGBUS (SFS_EGONE): the file at `path`
- * shrank under its mapping (guard.h). Returns NULL. */
+/* OSError(errnum, "<path>: <what>") (the subclass for errnum). Returns
+ * NULL. */
+PyObject *os_error(int errnum, const char *path, const char *what);
+
+/* Why a guarded call hit SIGBUS (guard.h: SFS_EGONE). */
+#define GONE_REASON "the file shrank under its mapping (SIGBUS)"
+
+/* OSError(EIO, "<path>: " GONE_REASON) for a call that hit SIGBUS: the
+ * file at `path` shrank under its mapping. Returns NULL. */
 PyObject *gone(const char *path);
 
 /* CorruptShardError for a slot of `shard` pointing outside its objects
@@ -137,6 +148,10 @@ typedef struct {
 /* Rebuild the compact arrays of the active entries (packed, index, out)
  * once `dirty`. 0, or -1 with MemoryError. */
 int sidecar_set_pack(SidecarSet *self);
+
+/* What SFS_EGONE names when sfs_sidecar_candidates, which reads every
+ * sidecar of the set, hit SIGBUS (which one shrank is not known). */
+#define SIDECAR_OF_SET "a sidecar of the set"
 
 /* ---------------------------------------------------------------- GlobalIndex (py_gindex.c) */
 

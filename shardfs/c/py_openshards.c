@@ -118,7 +118,7 @@ static int collect_candidates(PyObject *levels, PyObject *maps, PyObject *filter
                                                                    set->out, (size_t)set->nactive));
         }
         if (rc == SFS_EGONE) {
-            gone("sidecar");
+            gone(SIDECAR_OF_SET);
             return -1;
         }
         for (size_t j = 0; j < n; j++) {

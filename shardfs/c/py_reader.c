@@ -197,12 +197,7 @@ static PyObject *read_failed(Reader *self, int rc)
         return gone(sfs_path(self->shard));
     if (rc == SFS_EIO) {
         int e = errno ? errno : EIO;
-        PyObject *args = Py_BuildValue("(is)", e, sfs_path(self->shard));
-        if (args) {
-            PyErr_SetObject(PyExc_OSError, args);
-            Py_DECREF(args);
-        }
-        return NULL;
+        return os_error(e, sfs_path(self->shard), strerror(e));
     }
     PyErr_Format(ShardError, "%s: read outside the objects section", sfs_path(self->shard));
     return NULL;
@@ -684,7 +679,7 @@ static PyObject *Reader_delete(Reader *self, PyObject *arg)
     int rc;
     sfs_shard_t *shard = reader_hold(self);
     Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = sfs_fail(&err, SFS_EIO, EIO, "%s: the file shrank under its mapping",
+    SFS_GUARDED(rc = sfs_fail(&err, SFS_EIO, EIO, "%s: " GONE_REASON,
                               sfs_path(shard)),
                 rc = sfs_delete(shard, key, &err));
     Py_END_ALLOW_THREADS

@@ -11,8 +11,7 @@
 static PyObject *raise_sidecar_error(const sfs_error_t *err)
 {
     if (err->status == SFS_ESTALE || err->status == SFS_ECORRUPT) {
-        PyErr_SetString(StaleSidecarError, err->message);
-        return NULL;
+        return raise_message(StaleSidecarError, err->message);
     }
     return raise_error(err);
 }
@@ -20,6 +19,7 @@ static PyObject *raise_sidecar_error(const sfs_error_t *err)
 typedef struct {
     PyObject_HEAD
     sfs_sidecar_t *sc;
+    PyObject *path;   /* bytes: the path it was opened at (for errors) */
     Py_ssize_t users; /* SidecarSet entries holding it */
     int closed;       /* close() called; the mapping stays while users > 0 */
 } Sidecar;
@@ -60,13 +60,14 @@ static int Sidecar_init(Sidecar *self, PyObject *args, PyObject *kwds)
     SFS_GUARDED(rc = sfs_fail(&err, SFS_ECORRUPT, 0, "%s: the file shrank while it was opened", path),
                 rc = sfs_sidecar_open(path, identity, slot_count, &sc, &err));
     Py_END_ALLOW_THREADS
-    Py_DECREF(path_obj);
     if (rc != SFS_OK) {
+        Py_DECREF(path_obj);
         raise_sidecar_error(&err);
         return -1;
     }
     sfs_sidecar_close(self->sc);
     self->sc = sc;
+    Py_XSETREF(self->path, path_obj);
     self->closed = 0;
     return 0;
 }
@@ -74,6 +75,7 @@ static int Sidecar_init(Sidecar *self, PyObject *args, PyObject *kwds)
 static void Sidecar_dealloc(Sidecar *self)
 {
     sfs_sidecar_close(self->sc);
+    Py_XDECREF(self->path);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -95,7 +97,7 @@ static PyObject *Sidecar_may_contain(Sidecar *self, PyObject *arg)
     int rc = SFS_OK, yes = 0;
     SFS_GUARDED(rc = SFS_EGONE, yes = sfs_sidecar_may_contain(self->sc, key));
     if (rc == SFS_EGONE)
-        return gone("sidecar");
+        return gone(PyBytes_AS_STRING(self->path));
     return PyBool_FromLong(yes);
 }
 
@@ -117,7 +119,7 @@ static PyObject *Sidecar_range(Sidecar *self, PyObject *args)
     SFS_GUARDED(rc = SFS_EGONE, sfs_sidecar_range(self->sc, prefix.buf, bits, &begin, &end));
     PyBuffer_Release(&prefix);
     if (rc == SFS_EGONE)
-        return gone("sidecar");
+        return gone(PyBytes_AS_STRING(self->path));
     return Py_BuildValue("(KK)", (unsigned long long)begin, (unsigned long long)end);
 }
 
@@ -143,7 +145,7 @@ static PyObject *Sidecar_slots(Sidecar *self, PyObject *args)
         SFS_GUARDED(rc = SFS_EGONE, sfs_sidecar_slots(self->sc, at, at + m, chunk));
         if (rc == SFS_EGONE) {
             Py_DECREF(list);
-            return gone("sidecar");
+            return gone(PyBytes_AS_STRING(self->path));
         }
         for (uint64_t j = 0; j < m; j++) {
             PyObject *v = PyLong_FromUnsignedLong(chunk[j]);
@@ -377,7 +379,7 @@ static PyObject *SidecarSet_candidates(SidecarSet *self, PyObject *arg)
     SFS_GUARDED(rc = SFS_EGONE, n = sfs_sidecar_candidates(self->packed, (size_t)self->nactive, key,
                                                            self->out, (size_t)self->nactive));
     if (rc == SFS_EGONE)
-        return gone("sidecar");
+        return gone(SIDECAR_OF_SET);
     PyObject *list = PyList_New((Py_ssize_t)n);
     if (!list)
         return NULL;

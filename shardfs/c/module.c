@@ -191,6 +191,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddObject(m, "GlobalIndex", (PyObject *)&GlobalIndexType) < 0 ||
         PyModule_AddObject(m, "OpenShards", (PyObject *)&OpenShardsType) < 0 ||
         PyModule_AddIntConstant(m, "GINDEX_PREFIX_BITS", SFS_GINDEX_PREFIX_BITS) < 0 ||
+        PyModule_AddIntConstant(m, "HEADER_END", SFS_HEADER_END) < 0 ||
         PyModule_AddIntConstant(m, "KEY_SIZE", SFS_KEY_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SIZE", SFS_SLOT_SIZE) < 0) {
         Py_DECREF(m);

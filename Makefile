@@ -16,6 +16,8 @@ LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
 	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
 	shardfs/c/gindex.c
+# The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
+PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
 	shardfs/c/gindex.h
 
@@ -34,7 +36,7 @@ apt:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) shardfs/c/module.c $(C_HEADERS)
+$(VENV)/.stamp: setup.py pyproject.toml $(C_SOURCES) $(PY_C_SOURCES) $(C_HEADERS)
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'

@@ -3,6 +3,7 @@
 `pip install .` (or `make venv`) needs libcmph-dev, libssl-dev (OpenSSL's libcrypto:
 SHA-256 in `shardfs create`) and pkg-config (Debian).
 """
+import glob
 import subprocess
 
 from setuptools import Extension, setup
@@ -22,11 +23,14 @@ libs = pkg_config("--libs", "cmph", ["-lcmph"]) + pkg_config("--libs", "libcrypt
 
 extension = Extension(
     "shardfs._shardfs",
+    # The C core, then the Python binding: module.c (the module) and one
+    # py_*.c file per type (py_module.h).
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
              "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c",
-             "shardfs/c/module.c"],
+             "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
-             "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h"],
+             "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h",
+             "shardfs/c/py_module.h"],
     include_dirs=["shardfs/c"] + [f[2:] for f in cflags],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     extra_link_args=libs,

@@ -61,11 +61,48 @@ def test_truncated_shard_api_raises_eio(tmp_path):
             with pytest.raises(OSError) as exc:
                 call()
             assert exc.value.errno == errno.EIO
+            # The cause the C side knows, and the file, are in the message.
+            assert exc.value.strerror.startswith(f"{path}: the file shrank under its mapping"), exc.value
     # The process is alive and a valid shard still works.
     other = tmp_path / "u.shard"
     fine = build_shard(other, make_blobs(2, 10))
     with shardfs.Shard(str(other)) as s:
         assert all(s[k] == v for k, v in fine.items())
+
+
+def test_truncated_sidecar_and_level_name_the_file(tmp_path):
+    """A sidecar or a global index level truncated while open: their calls
+    raise OSError(EIO) naming the file and the cause, not SIGBUS."""
+    from shardfs import _shardfs
+
+    path = tmp_path / "t.shard"
+    keys = [bytes.fromhex(k) for k in build_shard(path, make_blobs(6, 3000, 100, 3000))]
+    identity = bytes(range(32))
+    side, level = tmp_path / "t.sidecar", tmp_path / "t.level"
+    with shardfs.Shard(str(path)) as s:
+        _shardfs.build_sidecar(s._reader, str(side), identity)
+        sc = _shardfs.Sidecar(str(side), identity, s.slot_count)
+        _shardfs.write_global_index(str(level), [(identity, _shardfs.key_prefixes(s))])
+    g = _shardfs.GlobalIndex(str(level))
+    os.truncate(side, 0)
+    os.truncate(level, 0)
+    for call, name in [(lambda: [sc.may_contain(k) for k in keys], side),
+                       (lambda: [g.lookup(k) for k in keys], level)]:
+        with pytest.raises(OSError) as exc:
+            call()
+        assert exc.value.errno == errno.EIO
+        assert exc.value.strerror == f"{name}: the file shrank under its mapping (SIGBUS)"
+
+
+def test_error_of_a_path_not_utf8(tmp_path):
+    """An error whose message holds a path that is not UTF-8 is still the
+    error (the bytes replaced in the message), not a UnicodeDecodeError."""
+    from shardfs import _shardfs
+
+    missing = os.fsencode(tmp_path) + b"/\xff.shard"
+    with pytest.raises(FileNotFoundError) as exc:
+        _shardfs.Reader(missing)
+    assert "\ufffd.shard" in str(exc.value)
 
 
 @needs_fuse

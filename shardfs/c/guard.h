@@ -5,8 +5,9 @@
  * file shrinks while mapped (truncated, or replaced in place by a shorter
  * one), touching a page past its new end raises SIGBUS, which would kill the
  * whole process (the FUSE daemon and every mount it serves). The C core
- * does not catch it; the Python extension (module.c, the only includer)
- * runs every call that touches a mapping inside SFS_GUARDED:
+ * does not catch it; the Python extension (py_module.h includes this file
+ * for module.c and every py_*.c) runs every call that touches a mapping
+ * inside SFS_GUARDED:
  *
  *     SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(shard, key, &off, &size));
  *
@@ -21,7 +22,9 @@
  * before (Python's faulthandler, or the default action: the process dies as
  * it would have). sigsetjmp(env, 0) saves no signal mask (no system call):
  * the guard costs a few nanoseconds; SA_NODEFER keeps SIGBUS unblocked
- * after the jump.
+ * after the jump. The per-thread pointer and the handler are defined once,
+ * in py_guard.c, for every file of the extension: a guarded call in any of
+ * them is caught by the one handler installed.
  */
 #ifndef SHARDFS_GUARD_H
 #define SHARDFS_GUARD_H
@@ -36,48 +39,16 @@
  * guard produces it. */
 #define SFS_EGONE (-100)
 
-static __thread sigjmp_buf *sfs_guard_env;
-static struct sigaction sfs_guard_previous;
-
-static void sfs_guard_on_sigbus(int sig, siginfo_t *info, void *context)
-{
-    sigjmp_buf *env = sfs_guard_env;
-    if (env) {
-        sfs_guard_env = NULL;
-        siglongjmp(*env, 1);
-    }
-    /* Not ours: hand it to the previous handler, or restore the default
-     * action and return, so that the faulting access raises it again. */
-    if ((sfs_guard_previous.sa_flags & SA_SIGINFO) && sfs_guard_previous.sa_sigaction) {
-        sfs_guard_previous.sa_sigaction(sig, info, context);
-    } else if (sfs_guard_previous.sa_handler != SIG_DFL && sfs_guard_previous.sa_handler != SIG_IGN) {
-        sfs_guard_previous.sa_handler(sig);
-    } else {
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof(dfl));
-        dfl.sa_handler = SIG_DFL;
-        sigaction(SIGBUS, &dfl, NULL);
-    }
-}
+/* The sigjmp_buf of the guarded call running on this thread, or NULL
+ * (py_guard.c). Hidden: not exported from the shared object. */
+extern __thread sigjmp_buf *sfs_guard_env __attribute__((visibility("hidden")));
 
 /* Install the SIGBUS handler unless it is the current one (called with the
  * GIL held, so no race): at import and at every shard or sidecar open, so
  * that a handler installed later (faulthandler.enable()) is chained behind
- * ours instead of replacing it. Returns 0, or -1 with errno set. */
-static int sfs_guard_install(void)
-{
-    struct sigaction current;
-    if (sigaction(SIGBUS, NULL, &current) != 0)
-        return -1;
-    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == sfs_guard_on_sigbus)
-        return 0;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = sfs_guard_on_sigbus;
-    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    return sigaction(SIGBUS, &sa, &sfs_guard_previous);
-}
+ * ours instead of replacing it. Returns 0, or -1 with errno set
+ * (py_guard.c). */
+int sfs_guard_install(void) __attribute__((visibility("hidden")));
 
 #define SFS_GUARDED(on_fault, ...)                                                                 \
     do {                                                                                           \

@@ -1,0 +1,194 @@
+/*
+ * py_module.h — what the files of the Python extension share (not part of
+ * the C core: bench/lookup_bench.py leaves module.c and py_*.c out).
+ *
+ * module.c holds the module (its functions' table, PyInit__shardfs, the
+ * exported constants, the exception objects) and the helpers below that
+ * more than one type uses; each type has its own file: py_reader.c
+ * (Reader), py_writer.c (Writer), py_sidecar.c (Sidecar, SidecarSet,
+ * build_sidecar), py_gindex.c (GlobalIndex, key_prefixes,
+ * write_global_index, merge_global_index), py_openshards.c (OpenShards).
+ * py_guard.c defines the SIGBUS guard's state (guard.h). Helpers on a hot
+ * path (get_key, reader_*, gindex_ready) are static inline here, so that
+ * every file can still inline them as when they were one file.
+ */
+#ifndef SHARDFS_PY_MODULE_H
+#define SHARDFS_PY_MODULE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+
+#include "guard.h"
+#include "internal.h"
+#include "shard.h"
+#include "sidecar.h"
+#include "gindex.h"
+
+/* Nothing here is exported from the shared object but PyInit__shardfs. */
+#pragma GCC visibility push(hidden)
+
+/* The exception classes of shardfs.errors (module.c, set at import). */
+extern PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError;
+
+extern PyTypeObject ReaderType, WriterType, SidecarType, SidecarSetType, GlobalIndexType,
+    OpenShardsType;
+
+/* ---------------------------------------------------------------- errors (module.c) */
+
+/* An exception of `type` with a message of the C core (which may hold a
+ * path that is not UTF-8: such bytes are replaced). Returns NULL. */
+PyObject *raise_message(PyObject *type, const char *message);
+
+/* The exception for a failed call of the C core (err from shard.h,
+ * sidecar.h, gindex.h): OSError(errno, message) for SFS_EIO,
+ * CorruptShardError, DuplicateKeyError, MemoryError, else ShardError.
+ * Returns NULL. */
+PyObject *raise_error(const sfs_error_t *err);
+
+/* OSError(errnum, "<path>: <what>") (the subclass for errnum). Returns
+ * NULL. */
+PyObject *os_error(int errnum, const char *path, const char *what);
+
+/* Why a guarded call hit SIGBUS (guard.h: SFS_EGONE). */
+#define GONE_REASON "the file shrank under its mapping (SIGBUS)"
+
+/* OSError(EIO, "<path>: " GONE_REASON) for a call that hit SIGBUS: the
+ * file at `path` shrank under its mapping. Returns NULL. */
+PyObject *gone(const char *path);
+
+/* CorruptShardError for a slot of `shard` pointing outside its objects
+ * section. Returns NULL. */
+PyObject *corrupt_slot(const sfs_shard_t *shard);
+
+/* ---------------------------------------------------------------- arguments */
+
+static inline int get_key(PyObject *obj, uint8_t key[SFS_KEY_SIZE])
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (view.len != SFS_KEY_SIZE) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "a key is %d bytes, got %zd", SFS_KEY_SIZE, view.len);
+        return -1;
+    }
+    memcpy(key, view.buf, SFS_KEY_SIZE);
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+/* A 32-byte identity (sidecar.h, gindex.h) from a bytes-like object; 0,
+ * or -1 with ValueError (module.c). */
+int get_identity(PyObject *obj, uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE]);
+
+/* Grow two parallel arrays indexed by i (*items of item_size bytes each,
+ * *bytes of one byte each) so that index i fits: the capacity *cap doubled
+ * from `initial` as needed, the new part zeroed. 0, or -1 with MemoryError
+ * set (the arrays stay valid at their old capacity). */
+int grow_dense(void **items, size_t item_size, unsigned char **bytes, Py_ssize_t *cap,
+               Py_ssize_t i, Py_ssize_t initial);
+
+/* ---------------------------------------------------------------- Reader */
+
+typedef struct {
+    PyObject_HEAD
+    sfs_shard_t *shard;
+    Py_ssize_t users; /* holders: OpenShards entries, calls running without the GIL */
+    int closed;       /* close() called; the shard stays open while users > 0 */
+    int gil_free;     /* single-key calls release the GIL (see lookup_begin) */
+    int fast_run;     /* calls in a row that were fast since gil_free was set */
+} Reader;
+
+/* Hold the reader's shard open (Reader.users) while its memory may be read
+ * without the GIL; reader_unhold lets it go, closing it then if close()
+ * was called meanwhile. Under the GIL. */
+static inline sfs_shard_t *reader_hold(Reader *self)
+{
+    self->users++;
+    return self->shard;
+}
+
+static inline void reader_unhold(Reader *self)
+{
+    if (--self->users == 0 && self->closed) {
+        sfs_close(self->shard);
+        self->shard = NULL;
+    }
+}
+
+static inline int reader_ready(Reader *self)
+{
+    if (!self->shard || self->closed) {
+        PyErr_SetString(PyExc_ValueError, "I/O operation on a closed shard");
+        return 0;
+    }
+    return 1;
+}
+
+/* ---------------------------------------------------------------- SidecarSet (py_sidecar.c) */
+
+/* Entries 0..len-1: inactive (never a candidate), active without a filter
+ * (always a candidate), or active with a Sidecar. candidates() runs over a
+ * compact copy of the active entries, rebuilt after a change. For use under
+ * the GIL (no lock of its own). */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t len, cap;
+    PyObject **sidecars;    /* [cap]: a Sidecar (strong reference) or NULL */
+    unsigned char *active;  /* [cap] */
+    Py_ssize_t nactive;
+    int dirty;              /* the compact arrays are out of date */
+    sfs_sidecar_t **packed; /* [nactive] */
+    uint32_t *index;        /* [nactive]: the entry of packed[j] */
+    uint32_t *out;          /* [nactive]: candidates() output */
+} SidecarSet;
+
+/* Rebuild the compact arrays of the active entries (packed, index, out)
+ * once `dirty`. 0, or -1 with MemoryError. */
+int sidecar_set_pack(SidecarSet *self);
+
+/* What SFS_EGONE names when sfs_sidecar_candidates, which reads every
+ * sidecar of the set, hit SIGBUS (which one shrank is not known). */
+#define SIDECAR_OF_SET "a sidecar of the set"
+
+/* ---------------------------------------------------------------- GlobalIndex (py_gindex.c) */
+
+typedef struct {
+    PyObject_HEAD
+    sfs_gindex_t *g;
+    Py_ssize_t users; /* merges running over it (GIL released) */
+    int closed;       /* close() called; the level stays open while users > 0 */
+} GlobalIndex;
+
+static inline int gindex_ready(GlobalIndex *self)
+{
+    if (!self->g || self->closed) {
+        PyErr_SetString(PyExc_ValueError, "I/O operation on a closed global index");
+        return 0;
+    }
+    return 1;
+}
+
+#define LOOKUP_STACK 64 /* shard indices answered without an allocation */
+
+/* Every shard index of level g holding the key's prefix: into stack (of
+ * LOOKUP_STACK), or, when more shards hold it, into a PyMem buffer (*out,
+ * to be freed when != stack). Returns SFS_OK and *n, SFS_EGONE (the file
+ * shrank: no exception set) or SFS_ENOMEM (MemoryError set). */
+int gindex_lookup_all(const sfs_gindex_t *g, const uint8_t key[SFS_KEY_SIZE],
+                      uint32_t stack[LOOKUP_STACK], uint32_t **out, size_t *n);
+
+/* ---------------------------------------------------------------- module functions */
+
+/* build_sidecar (py_sidecar.c); key_prefixes, write_global_index,
+ * merge_global_index (py_gindex.c): see module_functions in module.c. */
+PyObject *build_sidecar(PyObject *module, PyObject *args, PyObject *kwds);
+PyObject *key_prefixes(PyObject *module, PyObject *arg);
+PyObject *write_global_index(PyObject *module, PyObject *args, PyObject *kwds);
+PyObject *merge_global_index(PyObject *module, PyObject *args, PyObject *kwds);
+
+#pragma GCC visibility pop
+
+#endif

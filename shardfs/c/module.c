@@ -194,9 +194,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddIntConstant(m, "HEADER_END", SFS_HEADER_END) < 0 ||
         PyModule_AddIntConstant(m, "KEY_SIZE", SFS_KEY_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SIZE", SFS_SLOT_SIZE) < 0 ||
-        PyModule_AddIntConstant(m, "HEADER_END", SFS_HEADER_END) < 0 ||
-        /* bytes of the big-endian u64 size field before each object */
-        PyModule_AddIntConstant(m, "SIZE_FIELD_SIZE", (long)sizeof(uint64_t)) < 0 ||
+        PyModule_AddIntConstant(m, "SIZE_FIELD_SIZE", SFS_SIZE_FIELD_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SIDECAR_IDENTITY_SIZE", SFS_SIDECAR_IDENTITY_SIZE) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -297,14 +297,14 @@ uint64_t sfs_slot_get(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_K
 static inline int size_field_ok(const sfs_shard_t *s, uint64_t offset)
 {
     return offset >= s->header.objects_position && offset <= s->objects_end &&
-           s->objects_end - offset >= 8;
+           s->objects_end - offset >= SFS_SIZE_FIELD_SIZE;
 }
 
 /* An object of `n` bytes after its size field at `offset` (size_field_ok)
  * ends inside the objects section. */
 static inline int object_fits(const sfs_shard_t *s, uint64_t offset, uint64_t n)
 {
-    return n <= s->objects_end - offset - 8;
+    return n <= s->objects_end - offset - SFS_SIZE_FIELD_SIZE;
 }
 
 /* Object at `offset` (of its size field): data offset and size, bounded by
@@ -317,7 +317,7 @@ static inline int resolve(const sfs_shard_t *s, uint64_t offset, uint64_t *data_
     uint64_t n = be64(s->map + offset);
     if (!object_fits(s, offset, n))
         return SFS_ECORRUPT;
-    *data_offset = offset + 8;
+    *data_offset = offset + SFS_SIZE_FIELD_SIZE;
     *size = n;
     return SFS_OK;
 }
@@ -440,16 +440,16 @@ static int read_nowait(const sfs_shard_t *s, void *dst, size_t length, uint64_t 
 static int resolve_nowait(const sfs_shard_t *s, uint64_t offset, uint64_t *data_offset,
                           uint64_t *size)
 {
-    uint8_t be[8];
+    uint8_t be[SFS_SIZE_FIELD_SIZE];
     if (!size_field_ok(s, offset))
         return SFS_ECORRUPT;
-    int rc = read_nowait(s, be, 8, offset);
+    int rc = read_nowait(s, be, SFS_SIZE_FIELD_SIZE, offset);
     if (rc != SFS_OK)
         return rc;
     uint64_t n = be64(be);
     if (!object_fits(s, offset, n))
         return SFS_ECORRUPT;
-    *data_offset = offset + 8;
+    *data_offset = offset + SFS_SIZE_FIELD_SIZE;
     *size = n;
     return SFS_OK;
 }
@@ -769,7 +769,7 @@ int sfs_delete(sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], sfs_error_t *err
     if (sfs_pwrite_all(s->fd, empty, sizeof(empty),
                    s->header.index_position + (uint64_t)slot * SFS_SLOT_SIZE) < 0)
         goto io;
-    if (sfs_pwrite_all(s->fd, zeros, 8, doff - 8) < 0)
+    if (sfs_pwrite_all(s->fd, zeros, SFS_SIZE_FIELD_SIZE, doff - SFS_SIZE_FIELD_SIZE) < 0)
         goto io;
     if (fdatasync(s->fd) < 0 && errno != EINVAL)
         goto io;

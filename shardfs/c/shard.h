@@ -42,6 +42,7 @@ extern "C" {
 #define SFS_VERSION 1
 #define SFS_KEY_SIZE 32             /* bytes: a SHA-256 digest */
 #define SFS_SLOT_SIZE 40            /* bytes: key + u64 offset */
+#define SFS_SIZE_FIELD_SIZE 8       /* bytes: the big-endian u64 size before each object */
 #define SFS_EMPTY_OFFSET UINT64_MAX /* offset of an empty or deleted slot */
 
 typedef enum sfs_status {

@@ -261,7 +261,7 @@ static int begin_append(sfs_writer_t *w, const uint8_t key[SFS_KEY_SIZE], uint64
         return rc;
     *start = pos(w);
     uint64_t be = __builtin_bswap64(size);
-    if (append(w, &be, 8) < 0) {
+    if (append(w, &be, SFS_SIZE_FIELD_SIZE) < 0) {
         rc = io_fail(w, err, "writing an object");
         rollback(w, *start);
         return rc;

@@ -428,7 +428,8 @@ class ShardWriter:
             self.build_stats = self._writer.finish()
 
     def abort(self) -> None:
-        """Discard everything written; nothing is left at ``path``."""
+        """Discard everything written; nothing is left at ``path``. Waits
+        for an ``add_files`` running in another thread to return first."""
         self._writer.abort()
 
 

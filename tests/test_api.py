@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -387,3 +388,40 @@ def test_get_batch_and_close_from_another_thread(tmp_path, objects):
     s = Shard(path)
     batch = lambda: s.get_batch(keys) == [expected[k] for k in keys]  # noqa: E731
     close_while_reading(s, itertools.repeat(batch))
+
+
+def test_abort_waits_for_add_files_in_another_thread(tmp_path):
+    """An abort while add_files runs in another thread (create's Ctrl-C)
+    waits for it to return, then discards the shard: no ValueError,
+    nothing at the path, no temporary file."""
+    src = tmp_path / "src"
+    src.mkdir()
+    paths = []
+    for i in range(3000):
+        p = src / f"f{i}"
+        p.write_bytes(os.urandom(4096))
+        paths.append(str(p))
+    out = tmp_path / "out" / "s.shard"
+    out.parent.mkdir()
+    w = shardfs.ShardWriter(str(out))
+    returned = threading.Event()
+    worker = threading.Thread(target=lambda: (w.add_files(paths, small=1 << 20), returned.set()))
+    worker.start()
+    # abort only once the other thread is inside add_files (the writer busy)
+    assert wait_busy(w), "add_files returned before the writer could be seen busy"
+    w.abort()
+    assert returned.is_set(), "abort returned before add_files"
+    worker.join(30)
+    assert not out.exists() and os.listdir(out.parent) == []
+
+
+def wait_busy(w, timeout=10.0):
+    """True once w's add_files runs in another thread (count raises then)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            w._writer.count
+        except ValueError:
+            return True
+        time.sleep(0.0005)
+    return False

@@ -3,6 +3,7 @@
  * (shard.h: sfs_writer_open, add, finish).
  */
 #include "py_module.h"
+#include <unistd.h>
 
 typedef struct {
     PyObject_HEAD
@@ -196,8 +197,14 @@ static PyObject *Writer_finish(Writer *self, PyObject *unused)
 
 static PyObject *Writer_abort(Writer *self, PyObject *unused)
 {
-    if (!writer_idle(self))
-        return NULL;
+    /* add_files running in another thread (a Ctrl-C in the thread that
+     * waited for it) ends by itself, within its batch: wait for it, so that
+     * an abort on the way out of an error always discards the shard. */
+    while (self->busy) {
+        Py_BEGIN_ALLOW_THREADS
+        usleep(1000);
+        Py_END_ALLOW_THREADS
+    }
     sfs_writer_abort(self->w);
     self->w = NULL;
     Py_RETURN_NONE;
@@ -237,7 +244,8 @@ static PyMethodDef Writer_methods[] = {
     {"finish", (PyCFunction)Writer_finish, METH_NOARGS,
      "Build the perfect hash, write index and header, fsync, rename into place; returns "
      "{hash_seconds, check_seconds, index_seconds, sync_seconds, slots, builder}."},
-    {"abort", (PyCFunction)Writer_abort, METH_NOARGS, "Discard the shard being written."},
+    {"abort", (PyCFunction)Writer_abort, METH_NOARGS,
+     "Discard the shard being written; waits for an add_files running in another thread."},
     {NULL},
 };
 

@@ -129,9 +129,9 @@ static inline int reader_ready(Reader *self)
 
 /* ---------------------------------------------------------------- SidecarSet (py_sidecar.c) */
 
-/* Entries 0..len-1: inactive (never a candidate), active without a filter
- * (always a candidate), or active with a Sidecar. candidates() runs over a
- * compact copy of the active entries, rebuilt after a change. For use under
+/* Shard numbers 0..len-1: inactive (never a candidate), active without a
+ * filter (always a candidate), or active with a Sidecar. candidates() runs
+ * over a compact copy of the active shard numbers, rebuilt after a change. For use under
  * the GIL (no lock of its own). */
 typedef struct {
     PyObject_HEAD
@@ -141,7 +141,7 @@ typedef struct {
     Py_ssize_t nactive;
     int dirty;              /* the compact arrays are out of date */
     sfs_sidecar_t **packed; /* [nactive] */
-    uint32_t *index;        /* [nactive]: the entry of packed[j] */
+    uint32_t *numbers;      /* [nactive]: the shard number of packed[j] */
     uint32_t *out;          /* [nactive]: candidates() output */
 } SidecarSet;
 

@@ -122,7 +122,7 @@ static int collect_candidates(PyObject *levels, PyObject *maps, PyObject *filter
             return -1;
         }
         for (size_t j = 0; j < n; j++) {
-            int64_t number = set->index[set->out[j]];
+            int64_t number = set->numbers[set->out[j]];
             if (number >= start && (below < 0 || number < below) && candidates_add(c, number) < 0)
                 return -1;
         }

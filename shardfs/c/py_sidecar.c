@@ -20,7 +20,7 @@ typedef struct {
     PyObject_HEAD
     sfs_sidecar_t *sc;
     PyObject *path;   /* bytes: the path it was opened at (for errors) */
-    Py_ssize_t users; /* SidecarSet entries holding it */
+    Py_ssize_t users; /* SidecarSet shard numbers holding it */
     int closed;       /* close() called; the mapping stays while users > 0 */
 } Sidecar;
 
@@ -188,7 +188,7 @@ static PyObject *Sidecar_closed(Sidecar *self, void *closure)
 
 static PyMethodDef Sidecar_methods[] = {
     {"close", (PyCFunction)Sidecar_close, METH_NOARGS,
-     "Unmap the file (at once, or when the last SidecarSet entry holding it goes)."},
+     "Unmap the file (at once, or when the last SidecarSet shard number holding it goes)."},
     {"may_contain", (PyCFunction)Sidecar_may_contain, METH_O,
      "may_contain(key32) -> False when the key is certainly not in the shard."},
     {"range", (PyCFunction)Sidecar_range, METH_VARARGS,
@@ -255,7 +255,7 @@ PyObject *build_sidecar(PyObject *module, PyObject *args, PyObject *kwds)
 
 /* The struct is in py_module.h: OpenShards.find reads the compact arrays. */
 
-static void release_entry(SidecarSet *self, Py_ssize_t i)
+static void release_number(SidecarSet *self, Py_ssize_t i)
 {
     Sidecar *sc = (Sidecar *)self->sidecars[i];
     self->sidecars[i] = NULL;
@@ -271,22 +271,22 @@ static void release_entry(SidecarSet *self, Py_ssize_t i)
 static void SidecarSet_dealloc(SidecarSet *self)
 {
     for (Py_ssize_t i = 0; i < self->len; i++)
-        release_entry(self, i);
+        release_number(self, i);
     PyMem_Free(self->sidecars);
     PyMem_Free(self->active);
     PyMem_Free(self->packed);
-    PyMem_Free(self->index);
+    PyMem_Free(self->numbers);
     PyMem_Free(self->out);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int index_arg(PyObject *arg, Py_ssize_t *i)
+static int number_arg(PyObject *arg, Py_ssize_t *i)
 {
     *i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
     if (*i == -1 && PyErr_Occurred())
         return -1;
     if (*i < 0 || (uint64_t)*i >= UINT32_MAX) {
-        PyErr_Format(PyExc_IndexError, "index %zd outside [0, 2^32 - 1)", *i);
+        PyErr_Format(PyExc_IndexError, "shard number %zd outside [0, 2^32 - 1)", *i);
         return -1;
     }
     return 0;
@@ -297,7 +297,7 @@ static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
 {
     PyObject *i_obj, *obj;
     Py_ssize_t i;
-    if (!PyArg_ParseTuple(args, "OO", &i_obj, &obj) || index_arg(i_obj, &i) < 0)
+    if (!PyArg_ParseTuple(args, "OO", &i_obj, &obj) || number_arg(i_obj, &i) < 0)
         return NULL;
     if (obj != Py_None) {
         if (!PyObject_TypeCheck(obj, &SidecarType)) {
@@ -311,7 +311,7 @@ static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
         return NULL;
     if (i >= self->len)
         self->len = i + 1;
-    release_entry(self, i);
+    release_number(self, i);
     if (obj != Py_None) {
         Py_INCREF(obj);
         ((Sidecar *)obj)->users++;
@@ -326,10 +326,10 @@ static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
 static PyObject *SidecarSet_remove(SidecarSet *self, PyObject *arg)
 {
     Py_ssize_t i;
-    if (index_arg(arg, &i) < 0)
+    if (number_arg(arg, &i) < 0)
         return NULL;
     if (i < self->len && self->active[i]) {
-        release_entry(self, i);
+        release_number(self, i);
         self->active[i] = 0;
         self->dirty = 1;
     }
@@ -345,13 +345,13 @@ int sidecar_set_pack(SidecarSet *self)
     sfs_sidecar_t **packed = PyMem_Realloc(self->packed, want * sizeof(*packed));
     if (packed)
         self->packed = packed;
-    uint32_t *index = PyMem_Realloc(self->index, want * sizeof(uint32_t));
-    if (index)
-        self->index = index;
+    uint32_t *numbers = PyMem_Realloc(self->numbers, want * sizeof(uint32_t));
+    if (numbers)
+        self->numbers = numbers;
     uint32_t *out = PyMem_Realloc(self->out, want * sizeof(uint32_t));
     if (out)
         self->out = out;
-    if (!packed || !index || !out) {
+    if (!packed || !numbers || !out) {
         PyErr_NoMemory();
         return -1;
     }
@@ -361,7 +361,7 @@ int sidecar_set_pack(SidecarSet *self)
             continue;
         Sidecar *sc = (Sidecar *)self->sidecars[i];
         packed[n] = sc ? sc->sc : NULL;
-        index[n++] = (uint32_t)i;
+        numbers[n++] = (uint32_t)i;
     }
     self->nactive = n;
     self->dirty = 0;
@@ -384,7 +384,7 @@ static PyObject *SidecarSet_candidates(SidecarSet *self, PyObject *arg)
     if (!list)
         return NULL;
     for (size_t j = 0; j < n; j++) {
-        PyObject *v = PyLong_FromUnsignedLong(self->index[self->out[j]]);
+        PyObject *v = PyLong_FromUnsignedLong(self->numbers[self->out[j]]);
         if (!v) {
             Py_DECREF(list);
             return NULL;
@@ -409,18 +409,18 @@ static PyObject *SidecarSet_size(SidecarSet *self, void *closure)
 
 static PyMethodDef SidecarSet_methods[] = {
     {"set", (PyCFunction)SidecarSet_set, METH_VARARGS,
-     "set(i, sidecar_or_None): make entry i active, filtered by the Sidecar (kept referenced) "
+     "set(i, sidecar_or_None): make shard number i active, filtered by the Sidecar (kept referenced) "
      "or, with None, always a candidate."},
     {"remove", (PyCFunction)SidecarSet_remove, METH_O,
-     "remove(i): make entry i inactive (never a candidate); no-op if it is not active."},
+     "remove(i): make shard number i inactive (never a candidate); no-op if it is not active."},
     {"candidates", (PyCFunction)SidecarSet_candidates, METH_O,
-     "candidates(key32) -> [i, ...] in increasing order: the active entries whose sidecar may "
+     "candidates(key32) -> [i, ...] in increasing order: the active shard numbers whose sidecar may "
      "contain the key, or that have none."},
     {NULL},
 };
 
 static PyGetSetDef SidecarSet_getset[] = {
-    {"size", (getter)SidecarSet_size, NULL, "1 + the largest index ever set (0 when empty).",
+    {"size", (getter)SidecarSet_size, NULL, "1 + the largest shard number ever set (0 when empty).",
      NULL},
     {NULL},
 };
@@ -433,7 +433,7 @@ PyTypeObject SidecarSetType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs._shardfs.SidecarSet",
     .tp_basicsize = sizeof(SidecarSet),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "SidecarSet(): entries i -> Sidecar (filtered), None (always a candidate) or "
+    .tp_doc = "SidecarSet(): shard numbers i -> Sidecar (filtered), None (always a candidate) or "
               "inactive; len() counts the active ones. Not thread-safe: use under the GIL.",
     .tp_new = PyType_GenericNew,
     .tp_dealloc = (destructor)SidecarSet_dealloc,

@@ -151,7 +151,7 @@ bench-winery: venv
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 SAN_DIR := build/asan
 SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py \
+SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py tests/test_sigbus_guard.py \
 	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py
 FUZZ_DIR ?= build/fuzz
 FUZZ_HARNESSES := shard sidecar

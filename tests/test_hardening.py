@@ -326,9 +326,15 @@ def test_delete_killed_half_way_leaves_a_valid_shard(tmp_path):
     keys = list(objects)[:3000]
     proc = subprocess.Popen(SHARDFS + ["delete", "--yes", str(path), *keys],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(0.3)
+    # Killed as soon as the first key is gone (the keys are deleted in the
+    # order given, each with its own fdatasync): polled, not slept for.
+    with shardfs.Shard(str(path)) as s:
+        first = bytes.fromhex(keys[0])
+        started = wait_until(lambda: first not in s or proc.poll() is not None, timeout=60, interval=0.0005)
     proc.kill()
-    proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
+    assert started, "the delete deleted nothing in 60 s"
+    assert proc.returncode == -signal.SIGKILL, f"the delete ended before the kill: {err.decode()}"
     check = run(SHARDFS + ["check", path])
     assert check.returncode == 0, check.stdout + check.stderr
     with shardfs.Shard(str(path)) as s:

@@ -417,10 +417,10 @@ def test_sighup_rescans_without_unmounting(live, tmp_path):
     assert mounted(live.point) and not gone(pids[0])
     assert daemon_pids(live.point) == pids
     os.kill(pids[0], signal.SIGHUP)  # nothing changed: still mounted
-    time.sleep(0.5)
+    assert wait_until(lambda: live.log.read_text().count("got SIGHUP: rescanning") == 2, LIVE_DELAY), \
+        "the second SIGHUP was not logged"
     assert mounted(live.point) and (live.point / key).read_bytes() == blobs[1]
     text = live.log.read_text()
-    assert text.count("got SIGHUP: rescanning") == 2
     assert f"rescan of {live.dir}: 1 shard(s) added, 0 removed" in text
 
 

@@ -530,9 +530,9 @@ static void test_merge(void)
     write_level(pc, 1, idc, lenc, 0, &in[2]); /* one shard, no entry */
     sfs_gindex_t *g[3];
     sfs_error_t err;
-    CHECK(sfs_gindex_open(pa, &g[0], &err) == SFS_OK, "%s", err.message);
-    CHECK(sfs_gindex_open(pb, &g[1], &err) == SFS_OK, "%s", err.message);
-    CHECK(sfs_gindex_open(pc, &g[2], &err) == SFS_OK, "%s", err.message);
+    REQUIRE(sfs_gindex_open(pa, &g[0], &err) == SFS_OK, "%s", err.message);
+    REQUIRE(sfs_gindex_open(pb, &g[1], &err) == SFS_OK, "%s", err.message);
+    REQUIRE(sfs_gindex_open(pc, &g[2], &err) == SFS_OK, "%s", err.message);
 
     check_merge("m-all.gidx", g, in, 3, NULL);
     check_merge("m-one.gidx", g, in, 1, NULL);
@@ -610,7 +610,7 @@ static void test_random_merges(void)
             char name[64];
             snprintf(name, sizeof(name), "r%d-%d.gidx", round, i);
             write_level(path_of(name), s, ids, len, 0.2, &in[i]);
-            CHECK(sfs_gindex_open(path_of(name), &g[i], &err) == SFS_OK, "%s", err.message);
+            REQUIRE(sfs_gindex_open(path_of(name), &g[i], &err) == SFS_OK, "%s", err.message);
             masks[i] = malloc(s);
             for (size_t j = 0; j < s; j++)
                 masks[i][j] = next_rand() % 4 != 0;
@@ -674,7 +674,7 @@ static void test_shard_prefixes(void)
         CHECK(build_shard_of(sp, n, keys) == 0, "build %s", name);
         sfs_shard_t *s;
         sfs_error_t err;
-        CHECK(sfs_open(sp, 1, &s, &err) == SFS_OK, "open %s: %s", name, err.message);
+        REQUIRE(sfs_open(sp, 1, &s, &err) == SFS_OK, "open %s: %s", name, err.message);
         uint64_t *want = malloc((n ? n : 1) * 8), *got;
         size_t m;
         uint64_t wm = expected_prefixes(keys, n, NULL, want);
@@ -805,7 +805,7 @@ static void test_damaged(void)
         for (uint64_t x = 0; x < want.n; x++)
             put_le64(f + table + 16 + 8 * x, want.e[x]);
         write_all(bad, f, nsize);
-        CHECK(sfs_gindex_open(bad, &g, &err) == SFS_OK, "b = 0: %s", err.message);
+        REQUIRE(sfs_gindex_open(bad, &g, &err) == SFS_OK, "b = 0: %s", err.message);
         uint64_t fp = 0;
         CHECK(lookups_agree(g, &want, &fp), "b = 0: lookups");
         sfs_gindex_close(g);
@@ -890,7 +890,7 @@ static void test_damaged(void)
 
     /* a level truncated after open: the merge fails with SFS_EIO */
     write_all(bad, good, size);
-    CHECK(sfs_gindex_open(bad, &g, &err) == SFS_OK, "reopen: %s", err.message);
+    REQUIRE(sfs_gindex_open(bad, &g, &err) == SFS_OK, "reopen: %s", err.message);
     CHECK(truncate(bad, (off_t)(size - 100)) == 0, "truncate");
     int rc = sfs_gindex_merge(path_of("t.gidx"), &g, 1, NULL, &err);
     CHECK(rc == SFS_EIO, "truncated level: %d %s", rc, err.message);
@@ -964,11 +964,8 @@ static void test_threads(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/shardfs-gindex-test-XXXXXX");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (make_test_dir("shardfs-gindex-test") != 0)
         return 1;
-    }
     CHECK(sfs_gindex_bits_for(0) == 0 && sfs_gindex_bits_for(64) == 0 &&
               sfs_gindex_bits_for(65) == 1 && sfs_gindex_bits_for(128) == 1 &&
               sfs_gindex_bits_for(129) == 2 && sfs_gindex_bits_for(1000000) == 14 &&

@@ -296,7 +296,7 @@ static void test_sizes(uint64_t n)
     CHECK(build_shard(sp, n, keys) == 0, "build shard %llu", (unsigned long long)n);
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open %s", sp);
+    REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open %s", sp);
     int rc = sfs_sidecar_build(s, cp, ident_a, &err);
     CHECK(rc == SFS_OK, "build sidecar: %s", err.message);
     /* building again replaces the file */
@@ -419,7 +419,7 @@ static void test_deleted(void)
     CHECK(build_shard(sp, n, keys) == 0, "build");
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(sp, 1, &s, &err) == SFS_OK, "open rw");
+    REQUIRE(sfs_open(sp, 1, &s, &err) == SFS_OK, "open rw");
     uint32_t dead[10];
     for (int i = 0; i < 10; i++) {
         dead[i] = sfs_slot_of(s, keys[i * 37]);
@@ -427,7 +427,7 @@ static void test_deleted(void)
     }
     CHECK(sfs_sidecar_build(s, cp, ident_a, &err) == SFS_OK, "build sidecar: %s", err.message);
     sfs_sidecar_t *sc;
-    CHECK(sfs_sidecar_open(cp, ident_a, sfs_slot_count(s), &sc, &err) == SFS_OK, "open sidecar");
+    REQUIRE(sfs_sidecar_open(cp, ident_a, sfs_slot_count(s), &sc, &err) == SFS_OK, "open sidecar");
     CHECK(sfs_sidecar_count(sc) == n - 10, "count %llu", (unsigned long long)sfs_sidecar_count(sc));
     check_layout(s, sc);
     check_brute_force(s, cp, ident_a, "10 deleted of 1000");
@@ -502,7 +502,7 @@ static void test_damaged(void)
     CHECK(build_shard(sp, n, keys) == 0, "build");
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
     uint64_t slots = sfs_slot_count(s);
     CHECK(sfs_sidecar_build(s, cp, ident_a, &err) == SFS_OK, "build sidecar");
     long size = file_size(cp);
@@ -623,7 +623,7 @@ static void test_damaged_tiny(void)
         CHECK(build_shard(sp, n, keys) == 0, "build");
         sfs_shard_t *s;
         sfs_error_t err;
-        CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
+        REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
         CHECK(sfs_sidecar_build(s, cp, ident_a, &err) == SFS_OK, "build sidecar");
         long size = file_size(cp);
         uint64_t escaped = 0;
@@ -662,7 +662,7 @@ static void test_failed_builds(void)
     CHECK(build_shard(sp, n, keys) == 0, "build");
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
 
     char *missing = strdup(path_of("no/such/dir/x.sidecar"));
     int rc = sfs_sidecar_build(s, missing, ident_a, &err);
@@ -739,7 +739,7 @@ static void test_many_deleted(void)
     CHECK(build_shard(sp, n, keys) == 0, "build");
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
     uint64_t slots = sfs_slot_count(s), index_position = sfs_header(s)->index_position;
     int fd = open(sp, O_WRONLY);
     uint64_t left = n, stages[] = {700, 100, 1, 0};
@@ -821,7 +821,7 @@ static void test_ties(void)
         CHECK(build_shard_of(sp, n, keys) == 0, "build shard of tied keys");
         sfs_shard_t *s;
         sfs_error_t err;
-        CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
+        REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
         CHECK(sfs_sidecar_build(s, cp, ident_a, &err) == SFS_OK, "build: %s", err.message);
         snprintf(name, sizeof(name), "tied keys, n=%llu", (unsigned long long)n);
         check_brute_force(s, cp, ident_a, name);
@@ -862,7 +862,7 @@ static void test_truncated_shard(void)
     long size = file_size(pristine);
     sfs_shard_t *s;
     sfs_error_t err;
-    CHECK(sfs_open(pristine, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(pristine, 0, &s, &err) == SFS_OK, "open");
     uint64_t index_position = sfs_header(s)->index_position, slots = sfs_slot_count(s);
     sfs_close(s);
     long index_end = (long)(index_position + 40 * slots);
@@ -870,7 +870,7 @@ static void test_truncated_shard(void)
                    index_end - 1};
     for (size_t k = 0; k < sizeof(cuts) / sizeof(cuts[0]); k++) {
         copy_file(pristine, sp, size);
-        CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open copy");
+        REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open copy");
         CHECK(truncate(sp, cuts[k]) == 0, "truncate");
         int rc = sfs_sidecar_build(s, cp, ident_a, &err);
         CHECK(rc == SFS_EIO && strstr(err.message, "shrank"), "shard truncated at %ld of %ld: "
@@ -883,7 +883,7 @@ static void test_truncated_shard(void)
      * opened file through its descriptor, not the path. */
     for (int removed = 0; removed <= 1; removed++) {
         copy_file(pristine, sp, size);
-        CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open copy");
+        REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open copy");
         if (removed)
             CHECK(unlink(sp) == 0, "remove");
         else
@@ -891,7 +891,7 @@ static void test_truncated_shard(void)
         int rc = sfs_sidecar_build(s, cp, ident_a, &err);
         CHECK(rc == SFS_OK, "shard %s: rc %d: %s", removed ? "removed" : "replaced", rc, err.message);
         sfs_sidecar_t *sc = NULL;
-        CHECK(sfs_sidecar_open(cp, ident_a, slots, &sc, &err) == SFS_OK, "open the sidecar: %s",
+        REQUIRE(sfs_sidecar_open(cp, ident_a, slots, &sc, &err) == SFS_OK, "open the sidecar: %s",
               err.message);
         if (sc) {
             CHECK(sfs_sidecar_count(sc) == n, "the opened shard's %llu keys, not the new file's: %llu",
@@ -959,7 +959,7 @@ static void test_concurrent_changes(void)
     int failed_builds = 0, ok_builds = 0, again = 0;
     for (long delay = 0; delay <= 24000; delay += 3000) {
         copy_file(pristine, sp, size);
-        CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
+        REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
         struct meddler m = {sp, 0, NULL, 0, delay, 4096};
         pthread_t t;
         pthread_create(&t, NULL, meddle, &m);
@@ -987,7 +987,7 @@ static void test_concurrent_changes(void)
            ok_builds);
 
     copy_file(pristine, sp, size);
-    CHECK(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
+    REQUIRE(sfs_open(sp, 0, &s, &err) == SFS_OK, "open");
     uint32_t *victims = malloc(2000 * sizeof(uint32_t));
     for (int i = 0; i < 2000; i++)
         victims[i] = sfs_slot_of(s, keys[(uint64_t)i * 101]);
@@ -1013,7 +1013,7 @@ static void test_concurrent_changes(void)
         }
         ok_builds++;
         sfs_sidecar_t *sc;
-        CHECK(sfs_sidecar_open(cp, ident_a, sfs_slot_count(s), &sc, &err) == SFS_OK, "open");
+        REQUIRE(sfs_sidecar_open(cp, ident_a, sfs_slot_count(s), &sc, &err) == SFS_OK, "open");
         uint64_t c = sfs_sidecar_count(sc), listed_live = 0, live_after = 0;
         uint32_t *sl = malloc((c ? c : 1) * sizeof(uint32_t));
         sfs_sidecar_slots(sc, 0, c, sl);
@@ -1091,11 +1091,8 @@ static void test_killed_build(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/shardfs-sidecar-test-XXXXXX");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (make_test_dir("shardfs-sidecar-test") != 0)
         return 1;
-    }
     uint64_t sizes[] = {0, 1, 7, 9, 1000, 100000};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         test_sizes(sizes[i]);

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "chd.h"
+#include "guard.h"
 #include "shard.h"
 
 #include <cmph.h>
@@ -251,6 +252,43 @@ static void test_nowait(void)
     else
         printf("test_nowait: all %zu pages of %s still cached after POSIX_FADV_DONTNEED "
                "(a tmpfs?): cold lookups not checked\n", pages, p);
+    sfs_close(s);
+    free(keys);
+    free(p);
+}
+
+/* The SIGBUS guard (guard.h, what the Python extension wraps every mapped
+ * read in): a shard truncated while mapped makes lookups and reads past the
+ * new end answer SFS_EGONE instead of killing the process, under ASan and
+ * valgrind too (make test-asan, test-valgrind). */
+static void test_sigbus_guard(void)
+{
+    uint64_t n = 3000;
+    uint8_t(*keys)[32] = malloc(n * 32);
+    char *p = strdup(path_of("guard.shard"));
+    REQUIRE(build(p, n, keys) == 0, "build");
+    sfs_shard_t *s;
+    sfs_error_t err;
+    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open: %s", err.message);
+    REQUIRE(sfs_guard_install() == 0, "install the SIGBUS handler");
+    uint64_t off = 0, size = 0;
+    volatile int rc = -1;
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(s, keys[n - 1], &off, &size));
+    CHECK(rc == SFS_OK, "lookup before the truncation: %d", rc);
+    uint64_t last = off;
+    CHECK(truncate(p, 4096) == 0, "truncate");
+    volatile int gone = 0;
+    for (volatile uint64_t i = 0; i < n; i += 97) {
+        rc = -1;
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup(s, keys[i], &off, &size));
+        gone += rc == SFS_EGONE;
+    }
+    CHECK(gone == (int)((n + 96) / 97), "lookups after the truncation: %d of %d SFS_EGONE", gone,
+          (int)((n + 96) / 97));
+    uint8_t buf[64];
+    rc = -1;
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_read(s, last, buf, 1));
+    CHECK(rc == SFS_EGONE, "read past the new end: %d", rc);
     sfs_close(s);
     free(keys);
     free(p);
@@ -689,6 +727,7 @@ int main(void)
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         test_round_trip(sizes[i]);
     test_nowait();
+    test_sigbus_guard();
     test_duplicate();
     test_abort_leaves_nothing();
     test_delete();

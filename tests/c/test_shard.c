@@ -174,6 +174,21 @@ static void test_round_trip(uint64_t n)
     free(p);
 }
 
+/* A new shard of n objects built at path_of(name) and opened (read-write
+ * if `writable`): its keys and path in *keys and *path, for the caller to
+ * free. NULL after a failed CHECK. */
+static sfs_shard_t *build_and_open(const char *name, uint64_t n, int writable, uint8_t (**keys)[32],
+                                   char **path)
+{
+    *keys = malloc(n * 32);
+    *path = strdup(path_of(name));
+    sfs_shard_t *s = NULL;
+    sfs_error_t err;
+    CHECK(build(*path, n, *keys) == 0, "build %s", name);
+    REQUIRE_OR(NULL, sfs_open(*path, writable, &s, &err) == SFS_OK, "open %s: %s", name, err.message);
+    return s;
+}
+
 /* How many of the pages of the file at `path` are in the page cache
  * (mincore over a fresh mapping), out of `*pages`. Returns 0 or -1. */
 static int cached_pages(const char *path, size_t *cached, size_t *pages)
@@ -206,12 +221,12 @@ static int cached_pages(const char *path, size_t *cached, size_t *pages)
 static void test_nowait(void)
 {
     uint64_t n = 2000;
-    uint8_t(*keys)[32] = malloc(n * 32);
-    char *p = strdup(path_of("nowait.shard"));
-    CHECK(build(p, n, keys) == 0, "build");
-    sfs_shard_t *s;
+    uint8_t(*keys)[32];
+    char *p;
+    sfs_shard_t *s = build_and_open("nowait.shard", n, 0, &keys, &p);
+    if (!s)
+        return;
     sfs_error_t err;
-    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
     uint64_t same = 0, eagain = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t off1, size1, off2 = 0, size2 = 0;
@@ -264,12 +279,11 @@ static void test_nowait(void)
 static void test_sigbus_guard(void)
 {
     uint64_t n = 3000;
-    uint8_t(*keys)[32] = malloc(n * 32);
-    char *p = strdup(path_of("guard.shard"));
-    REQUIRE(build(p, n, keys) == 0, "build");
-    sfs_shard_t *s;
-    sfs_error_t err;
-    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open: %s", err.message);
+    uint8_t(*keys)[32];
+    char *p;
+    sfs_shard_t *s = build_and_open("guard.shard", n, 0, &keys, &p);
+    if (!s)
+        return;
     REQUIRE(sfs_guard_install() == 0, "install the SIGBUS handler");
     uint64_t off = 0, size = 0;
     volatile int rc = -1;
@@ -340,12 +354,12 @@ static void test_abort_leaves_nothing(void)
 static void test_delete(void)
 {
     uint64_t n = 50;
-    uint8_t(*keys)[32] = malloc(n * 32);
-    char *p = strdup(path_of("del.shard"));
-    CHECK(build(p, n, keys) == 0, "build");
-    sfs_shard_t *s;
+    uint8_t(*keys)[32];
+    char *p;
+    sfs_shard_t *s = build_and_open("del.shard", n, 1, &keys, &p);
+    if (!s)
+        return;
     sfs_error_t err;
-    REQUIRE(sfs_open(p, 1, &s, &err) == SFS_OK, "open rw");
     uint64_t off, size;
     sfs_lookup(s, keys[3], &off, &size);
     CHECK(sfs_delete(s, keys[3], &err) == SFS_OK, "delete: %s", err.message);
@@ -394,12 +408,11 @@ static void *reader(void *a)
 static void test_threads(void)
 {
     uint64_t n = 5000;
-    uint8_t(*keys)[32] = malloc(n * 32);
-    char *p = strdup(path_of("threads.shard"));
-    CHECK(build(p, n, keys) == 0, "build");
-    sfs_shard_t *s;
-    sfs_error_t err;
-    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open");
+    uint8_t(*keys)[32];
+    char *p;
+    sfs_shard_t *s = build_and_open("threads.shard", n, 0, &keys, &p);
+    if (!s)
+        return;
     pthread_t t[8];
     struct reader_arg args[8];
     for (int i = 0; i < 8; i++) {

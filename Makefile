@@ -15,7 +15,7 @@ CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-co
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
 	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
-	shardfs/c/gindex.c
+	shardfs/c/gindex.c shardfs/c/guard.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
@@ -153,7 +153,7 @@ bench-winery: venv
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 SAN_DIR := build/asan
 SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py \
+SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py tests/test_sigbus_guard.py \
 	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py
 FUZZ_DIR ?= build/fuzz
 FUZZ_HARNESSES := shard sidecar

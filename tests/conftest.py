@@ -61,16 +61,31 @@ def _sidecar_cache_dir(tmp_path_factory):
     mp.undo()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Under CI (CI set in the environment), a skipped test fails: a green
-    run must mean that the mounts, root-only and tool-dependent tests ran."""
-    outcome = yield
-    report = outcome.get_result()
+def _fail_skip_under_ci(report) -> None:
+    """Under CI (CI set in the environment), turn a skip `report` into a
+    failure that gives the skip's reason: a green run must mean that the
+    mounts, root-only and tool-dependent tests ran. Elsewhere (a developer
+    machine without FUSE or root) a skip stays a skip."""
     if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, which must run every test: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test skipped by a mark (needs_fuse), a fixture (loop_device) or its
+    body (pytest.skip) fails under CI."""
+    outcome = yield
+    _fail_skip_under_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """So does a whole module skipped as it is collected
+    (pytest.importorskip("pyfuse3") at module level)."""
+    outcome = yield
+    _fail_skip_under_ci(outcome.get_result())
 
 
 # ------------------------------------------------------------------ winery

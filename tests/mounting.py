@@ -169,6 +169,24 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
     return predicate()
 
 
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The only line of a failed command's stderr."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def mount_fails(args: Sequence[str], *needles: str) -> str:
+    """Run ``shardfs mount ARGS``: it must fail with one stderr line holding
+    every needle; that line."""
+    proc = run(SHARDFS + ["mount", *args])
+    assert proc.returncode != 0
+    line = one_error_line(proc)
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
 def key_of(data: bytes) -> str:
     """The shard key of `data`: its SHA-256, in hex."""
     return hashlib.sha256(data).hexdigest()

@@ -397,8 +397,12 @@ def test_corrupt_variant(valid, tmp_path, name, level, mutate):
 
     if level == OPEN:
         assert opened == "corrupt", "Shard() accepted a corrupt shard"
+    if level == HASH:
+        assert opened == "ok", f"the structure is sound, yet Shard() refused it: {message}"
+    if opened == "corrupt":
+        # Refused at open (any level that may be): the expected error all the same.
         assert str(path) in message, f"message does not name the file: {message}"
-    elif opened == "ok":
+    else:
         # no operation may fail with anything but CorruptShardError/KeyError
         for what in ("iter", "items_sizes", "len", "check", "check_hash"):
             assert probe[what][0] in ("ok", "corrupt"), (what, probe[what])
@@ -490,3 +494,17 @@ def test_not_a_file(tmp_path, kind):
             proc.communicate()
             pytest.fail(f"shardfs {argv[0]} {kind}: still running after {TIMEOUT} s")
         check_cli(argv[0], (proc.returncode, out, err), must_fail=True)
+        assert f"{path}: not a regular file or block device" in err.decode(), (argv[0], err)
+    with pytest.raises(shardfs.ShardError, match="not a regular file or block device"):
+        shardfs.Shard(str(path))
+
+
+def test_error_of_a_path_not_utf8(tmp_path):
+    """An error whose message holds a path that is not UTF-8 is still the
+    error (the bytes replaced in the message), not a UnicodeDecodeError."""
+    from shardfs import _shardfs
+
+    missing = os.fsencode(tmp_path) + b"/\xff.shard"
+    with pytest.raises(FileNotFoundError) as exc:
+        _shardfs.Reader(missing)
+    assert "\ufffd.shard" in str(exc.value)

@@ -6,10 +6,12 @@ Conventions checked throughout: exit status 0 (success), 1 (failure), 2
 a Python traceback.
 """
 
+import argparse
 import hashlib
 import os
 import pty
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -794,7 +796,14 @@ def test_usage_errors(argv):
     assert_one_line_error(run(*argv), 2)
 
 
-COMMANDS = ["create", "info", "ls", "get", "check", "delete", "mount", "umount"]
+def _parser_commands() -> list:
+    """The subcommands, from the command line's own argparse parser."""
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(sub.choices)
+
+
+COMMANDS = _parser_commands()
 
 
 @pytest.mark.parametrize("command", [None] + COMMANDS)
@@ -806,8 +815,9 @@ def test_help(command):
     assert out.startswith("usage: shardfs")
     assert "examples:" in out
     if command is None:
-        for c in COMMANDS:
-            assert c in out
+        # Every command listed once, in order, with its one-line help.
+        listed = re.findall(r"^    ([a-z]+) {2,}\S", out, re.MULTILINE)
+        assert listed == COMMANDS, out
 
 
 def test_version():

@@ -38,6 +38,7 @@ from mounting import (
     gone,
     key_of,
     mount_info,
+    mount_fails,
     mounted,
     needs_fuse,
     run,
@@ -649,102 +650,17 @@ def _stale(point: Path) -> bool:
     return False
 
 
-def _mount_fails(args: List[str], *needles: str) -> str:
-    proc = run(SHARDFS + ["mount", *args])
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
-
-
-def test_mount_onto_missing_directory(corpus, tmp_path):
-    point = tmp_path / "missing"
-    _mount_fails([str(corpus[0]), str(point)], str(point), "does not exist")
-    assert not point.exists()
-
-
-def test_mount_onto_non_empty_directory(corpus, tmp_path):
-    point = tmp_path / "full"
-    point.mkdir()
-    (point / "x").write_text("x")
-    _mount_fails([str(corpus[0]), str(point)], str(point), "not empty")
-    assert not mounted(point)
-
-
-def test_mount_onto_a_file(corpus, tmp_path):
-    f = tmp_path / "file"
-    f.write_text("")
-    _mount_fails([str(corpus[0]), str(f)], "not a directory")
-
-
 def test_mount_onto_mounted_point(corpus, mounter, tmp_path):
     point = mounter.mount(corpus[0], tmp_path / "m")
-    _mount_fails([str(corpus[0]), str(point)], str(point), "already a mount point")
+    mount_fails([str(corpus[0]), str(point)], str(point), "already a mount point")
     assert mounted(point)
     assert len(os.listdir(point)) == len(corpus[1])  # the first mount still works
-
-
-def test_mount_rw_refused(corpus, tmp_path):
-    point = tmp_path / "m"
-    point.mkdir()
-    _mount_fails(["-o", "rw", str(corpus[0]), str(point)], "rw")
-    _mount_fails(["-o", "allow_other,rw", str(corpus[0]), str(point)], "rw")
-    assert not mounted(point)
-
-
-def test_mount_bad_option_fails_cleanly(corpus, tmp_path):
-    point = tmp_path / "m"
-    point.mkdir()
-    _mount_fails(["-o", "no_such_option_xyz", str(corpus[0]), str(point)], "no_such_option_xyz")
-    assert not mounted(point)
-    assert daemon_pids(point) == []
 
 
 def test_mount_user_option_passed(corpus, mounter, tmp_path):
     point = mounter.mount(corpus[0], tmp_path / "m", "-o", "noatime,noexec")
     opts = mount_info(point)["options"]
     assert "noatime" in opts and "noexec" in opts and "ro" in opts
-
-
-def test_mount_missing_shard(tmp_path):
-    point = tmp_path / "m"
-    point.mkdir()
-    _mount_fails([str(tmp_path / "nope.shard"), str(point)], "nope.shard")
-    assert not mounted(point)
-
-
-@pytest.mark.parametrize("damage", ["magic", "truncated", "garbage", "index_position"])
-def test_mount_corrupt_shard_fails_before_mounting(corpus, tmp_path, damage):
-    src = corpus[0]
-    bad = tmp_path / "bad.shard"
-    data = bytearray(src.read_bytes())
-    if damage == "magic":
-        data[0:8] = b"NOTSHARD"
-    elif damage == "truncated":
-        data = data[:200]
-    elif damage == "garbage":
-        data = bytearray(random.Random(5).randbytes(4096))
-    elif damage == "index_position":
-        # header field 5 (index_position) far past the end of the file
-        data[32 + 4 * 8 : 32 + 5 * 8] = (1 << 50).to_bytes(8, "big")
-    bad.write_bytes(bytes(data))
-    point = tmp_path / "m"
-    point.mkdir()
-    _mount_fails([str(bad), str(point)], "bad.shard")
-    assert not mounted(point)
-    assert daemon_pids(point) == []
-
-
-def test_umount_not_a_mount_point(tmp_path):
-    proc = run(SHARDFS + ["umount", str(tmp_path)])
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "not a mount point" in lines[0]
-    proc = run(SHARDFS + ["umount", str(tmp_path / "missing")])
-    assert proc.returncode != 0
-    assert "not a mount point" in proc.stderr
 
 
 def test_corrupt_slot_under_a_mount(corpus, mounter, tmp_path):
@@ -783,62 +699,3 @@ def test_deleted_object_is_absent(corpus, mounter, tmp_path):
     assert removed not in names
     assert names == set(objects) - {removed}
     assert not os.path.exists(point / removed)
-
-
-# ------------------------------------------- handlers, without the kernel
-
-
-def test_handlers_bookkeeping(corpus):
-    """lookup counts, forget, negative entries and read-only answers."""
-    import trio
-
-    from shardfs.fuse.handlers import CACHE_TIMEOUT, ENTRY_TIMEOUT, ShardFS
-    from shardfs.fuse.layout import object_inode
-    from shardfs.fuse.shardset import ShardSet
-
-    path, objects = corpus
-    key = sorted(objects)[0]
-    shards = ShardSet(cache_dir=str(path.parent / "cache"))
-    shard = shards.add(str(path)).shard
-    try:
-        fs = ShardFS(shards)
-
-        async def main():
-            a1 = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
-            a2 = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
-            assert a1.st_ino == a2.st_ino == object_inode(0, shard.slot_of(bytes.fromhex(key)))
-            assert a1.entry_timeout >= CACHE_TIMEOUT and a1.attr_timeout >= CACHE_TIMEOUT
-            await fs.forget([(a1.st_ino, 2)])
-            # The inode carries its location: still answered after forget.
-            assert (await fs.getattr(a1.st_ino, None)).st_size == len(objects[key])
-            # A slot past the index names nothing; a shard not served (any
-            # more) is stale: the kernel looks the name up again.
-            for bogus, code in ((object_inode(0, shard.slot_count), errno.ENOENT),
-                                (object_inode(7, 0), errno.ESTALE)):
-                with pytest.raises(pyfuse3.FUSEError) as exc:
-                    await fs.getattr(bogus, None)
-                assert exc.value.errno == code
-            for bad in (b"nothex", key.upper().encode(), key[:-1].encode(), hashlib.sha256(b"?").hexdigest().encode()):
-                neg = await fs.lookup(pyfuse3.ROOT_INODE, bad, None)
-                assert neg.st_ino == 0 and neg.entry_timeout == ENTRY_TIMEOUT
-            with pytest.raises(pyfuse3.FUSEError) as exc:
-                await fs.getxattr(pyfuse3.ROOT_INODE, b"user.x", None)
-            assert exc.value.errno == errno.ENODATA
-            a = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
-            for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_APPEND):
-                with pytest.raises(pyfuse3.FUSEError) as exc:
-                    await fs.open(a.st_ino, flags, None)
-                assert exc.value.errno == errno.EROFS
-            with pytest.raises(pyfuse3.FUSEError) as exc:
-                await fs.access(a.st_ino, os.W_OK, None)
-            assert exc.value.errno == errno.EROFS
-            assert await fs.access(a.st_ino, os.R_OK, None)
-            for name in ("setattr", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "create", "write", "setxattr", "removexattr"):
-                with pytest.raises(pyfuse3.FUSEError) as exc:
-                    await getattr(fs, name)(1, b"x", b"y", None, None, None)
-                assert exc.value.errno == errno.EROFS, name
-
-        trio.run(main)
-        fs.close()
-    finally:
-        shards.close()

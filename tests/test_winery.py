@@ -148,13 +148,15 @@ def test_api_hides_keys_purged_from_the_database_but_left_in_an_image(winery):
 
 
 def test_api_follows_a_shard_packed_and_cleaned_meanwhile(winery):
+    from shardfs.winery import POLL_SECONDS
+
     keys = winery.add_many(blobs("moving", 15))
     with store_of(winery) as store:
         assert all(store.get(k) for k in keys)
         winery.release()
         winery.pack_full()
         winery.clean()
-        time.sleep(1.1)  # the next call polls the catalog again
+        time.sleep(POLL_SECONDS + 0.1)  # the next call polls the catalog again (no event to wait for)
         for k, content in zip(keys, blobs("moving", 15)):
             assert store.get(k) == content
         assert len(store.shards) >= 1
@@ -277,10 +279,12 @@ def test_mount_readers_while_shards_are_packed(winery, mounter, tmp_path):
         for t in threads:
             t.join(30)
     assert errors == []
-    # Every image packed under the mount is served now (there was none).
+    # Every image packed under the mount is served now (there was none),
+    # once the mount has polled the catalog again.
     images = sum(1 for _, _, state, _ in winery.shards() if state in ("packed", "cleaning", "readonly"))
     assert images >= 1
-    assert json.loads(os.getxattr(point, "user.shardfs.stats"))["shards"] == images
+    served = lambda: json.loads(os.getxattr(point, "user.shardfs.stats"))["shards"]  # noqa: E731
+    assert wait_until(lambda: served() == images, timeout=10), (served(), images)
 
 
 @needs_fuse

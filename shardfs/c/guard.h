@@ -23,7 +23,7 @@
  * it would have). sigsetjmp(env, 0) saves no signal mask (no system call):
  * the guard costs a few nanoseconds; SA_NODEFER keeps SIGBUS unblocked
  * after the jump. The per-thread pointer and the handler are defined once,
- * in py_guard.c, for every file of the extension: a guarded call in any of
+ * in guard.c, for every file of the extension: a guarded call in any of
  * them is caught by the one handler installed.
  */
 #ifndef SHARDFS_GUARD_H
@@ -40,14 +40,14 @@
 #define SFS_EGONE (-100)
 
 /* The sigjmp_buf of the guarded call running on this thread, or NULL
- * (py_guard.c). Hidden: not exported from the shared object. */
+ * (guard.c). Hidden: not exported from the shared object. */
 extern __thread sigjmp_buf *sfs_guard_env __attribute__((visibility("hidden")));
 
 /* Install the SIGBUS handler unless it is the current one (called with the
  * GIL held, so no race): at import and at every shard or sidecar open, so
  * that a handler installed later (faulthandler.enable()) is chained behind
  * ours instead of replacing it. Returns 0, or -1 with errno set
- * (py_guard.c). */
+ * (guard.c). */
 int sfs_guard_install(void) __attribute__((visibility("hidden")));
 
 #define SFS_GUARDED(on_fault, ...)                                                                 \

@@ -8,7 +8,7 @@
  * (Reader), py_writer.c (Writer), py_sidecar.c (Sidecar, SidecarSet,
  * build_sidecar), py_gindex.c (GlobalIndex, key_prefixes,
  * write_global_index, merge_global_index), py_openshards.c (OpenShards).
- * py_guard.c defines the SIGBUS guard's state (guard.h). Helpers on a hot
+ * guard.c defines the SIGBUS guard's state (guard.h). Helpers on a hot
  * path (get_key, reader_*, gindex_ready) are static inline here, so that
  * every file can still inline them as when they were one file.
  */

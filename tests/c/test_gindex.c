@@ -964,11 +964,8 @@ static void test_threads(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/shardfs-gindex-test-XXXXXX");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (make_test_dir("shardfs-gindex-test") != 0)
         return 1;
-    }
     CHECK(sfs_gindex_bits_for(0) == 0 && sfs_gindex_bits_for(64) == 0 &&
               sfs_gindex_bits_for(65) == 1 && sfs_gindex_bits_for(128) == 1 &&
               sfs_gindex_bits_for(129) == 2 && sfs_gindex_bits_for(1000000) == 14 &&

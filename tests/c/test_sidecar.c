@@ -1091,11 +1091,8 @@ static void test_killed_build(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/shardfs-sidecar-test-XXXXXX");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (make_test_dir("shardfs-sidecar-test") != 0)
         return 1;
-    }
     uint64_t sizes[] = {0, 1, 7, 9, 1000, 100000};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         test_sizes(sizes[i]);

@@ -1,6 +1,6 @@
 /*
- * py_guard.c — the state and the SIGBUS handler of the guard (guard.h),
- * one for the whole extension.
+ * guard.c — the state and the SIGBUS handler of the guard (guard.h),
+ * one per process (the extension, the C tests).
  */
 #include "guard.h"
 

@@ -70,26 +70,18 @@ static PyObject *Reader_header(Reader *self, void *closure)
                          (unsigned long long)h->hash_position);
 }
 
-static PyObject *Reader_slot_count(Reader *self, void *closure)
-{
-    if (!reader_ready(self))
-        return NULL;
-    return PyLong_FromUnsignedLongLong(sfs_slot_count(self->shard));
-}
+/* A getter Reader_<what> answering sfs_<what>(shard), a uint64_t, as an int. */
+#define READER_U64_GETTER(what)                                                                    \
+    static PyObject *Reader_##what(Reader *self, void *closure)                                    \
+    {                                                                                              \
+        if (!reader_ready(self))                                                                   \
+            return NULL;                                                                           \
+        return PyLong_FromUnsignedLongLong(sfs_##what(self->shard));                               \
+    }
 
-static PyObject *Reader_extent(Reader *self, void *closure)
-{
-    if (!reader_ready(self))
-        return NULL;
-    return PyLong_FromUnsignedLongLong(sfs_extent(self->shard));
-}
-
-static PyObject *Reader_hash_size(Reader *self, void *closure)
-{
-    if (!reader_ready(self))
-        return NULL;
-    return PyLong_FromUnsignedLongLong(sfs_hash_size(self->shard));
-}
+READER_U64_GETTER(slot_count)
+READER_U64_GETTER(extent)
+READER_U64_GETTER(hash_size)
 
 static PyObject *Reader_fileno(Reader *self, PyObject *unused)
 {

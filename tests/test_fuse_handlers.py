@@ -79,3 +79,38 @@ def test_handlers_bookkeeping(corpus):
         fs.close()
     finally:
         shards.close()
+
+
+def test_fanout_listing_resumed_after_the_shard_set_changed(corpus):
+    """A fan-out directory listed over several READDIRs while the shard's
+    sidecar becomes ready (the listing goes from every subdirectory to the
+    non-empty ones): the listing resumes after the last name returned, so
+    no non-empty subdirectory is skipped. (With positions that were indexes
+    into the listing of the moment, the resumed part started at the 100th
+    non-empty subdirectory and skipped those after the first 100 names.)"""
+    from shardfs import sidecar as sidecar_mod
+    from shardfs.fuse.handlers import ShardFS
+    from shardfs.fuse.layout import ROOT_INODE, Layout
+    from shardfs.fuse.shardset import ShardSet
+
+    path, objects = corpus
+    cache = path.parent / "cache-listing"
+    shards = ShardSet(cache_dir=str(cache))
+    member = shards.add(str(path))
+    try:
+        fs = ShardFS(shards, layout=Layout.fanout())
+        before = fs._entries(ROOT_INODE, 0)
+        assert len(before) == 256  # no sidecar yet: every subdirectory
+        first = before[:100]
+        sidecar_mod.build(member.shard, str(cache))
+        assert shards.sidecar_built(member, str(cache))
+        rest = fs._entries(ROOT_INODE, first[-1][0])
+        names = [e[1].decode() for e in first + list(rest)]
+        assert names == sorted(set(names))
+        nonempty = {k[:2] for k in objects}
+        last = first[-1][1].decode()
+        assert {n for n in names if n > last} == {p for p in nonempty if p > last}
+        assert nonempty <= set(names)
+        fs.close()
+    finally:
+        shards.close()

@@ -954,6 +954,8 @@ def test_mount_t_fuse_shardfs_and_umount(small, shardfs_helper_in_path, mounter,
     assert info["fstype"] == "fuse.shardfs" and info["source"] == "shardfs:small.shard"
     ro_nosuid_nodev(point)
     keys = sorted(small.objects)
+    # Until its sidecar is ready, a shard's fan-out directories are all listed.
+    assert wait_until(lambda: stats(point)["sidecars"] == 1, 60), stats(point)
     assert sorted(os.listdir(point)) == sorted({k[:2] for k in keys})  # layout=fanout applied
     assert (point / keys[0]).read_bytes() == small.objects[keys[0]]
     pids = daemon_pids(point)

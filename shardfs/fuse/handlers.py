@@ -592,12 +592,13 @@ class ShardFS(pyfuse3.Operations):
             width_hex = self.layout.prefix_len(depth + 1)
             for key, _ in self.winery.table_range(*key_range(self.layout.prefix_hex(depth, prefix))):
                 nonempty.add(int(key.hex()[:width_hex], 16))
-        out = []
-        for child in sorted(nonempty):
-            name = self.layout.child_name(depth + 1, child)
-            out.append((len(out) + 1, name, self.layout.dir_inode(depth + 1, child), True, 0,
-                        self._dir_time_ns))
-        return out
+        # An entry's position is its child number + 1 (names sort as numbers):
+        # a listing resumed in another READDIR, maybe in another process, or
+        # after the shard set changed (a sidecar became ready), goes on
+        # after the last name returned instead of at an index into a list
+        # that may have changed meanwhile (which skipped names).
+        return [(child + 1, self.layout.child_name(depth + 1, child), self.layout.dir_inode(depth + 1, child),
+                 True, 0, self._dir_time_ns) for child in sorted(nonempty)]
 
     def _leaf_entries(self, depth: int, prefix: int) -> List[_Entry]:
         """The objects of a fan-out leaf directory, by key (a shard without
@@ -667,6 +668,8 @@ class ShardFS(pyfuse3.Operations):
         if flat:
             return entries
         self._listings.put(key, entries)
+        if depth < self.layout.depth:  # positions are child numbers + 1
+            return entries[_after(entries, start_id):]
         return entries[start_id:]
 
     @_handler
@@ -810,6 +813,19 @@ class ShardFS(pyfuse3.Operations):
     write = _erofs("write")
     setxattr = _erofs("setxattr")
     removexattr = _erofs("removexattr")
+
+
+def _after(entries: Sequence[_Entry], position: int) -> int:
+    """Index of the first of `entries` (sorted by position, their next_id)
+    whose position is above `position`: a binary search."""
+    lo, hi = 0, len(entries)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if entries[mid][0] <= position:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _prefix_bytes(value: int, nbits: int) -> bytes:

@@ -439,21 +439,34 @@ static PyObject *Reader_find(Reader *self, PyObject *args)
 
 /* try_pread(data_offset, size, offset, length) -> bytes from the page cache
  * only, clipped to the object; BlockingIOError when not all cached. */
+/* The arguments (data_offset, size, offset, length) of pread and
+ * try_pread: 1 with the range clipped to the object (*at: its absolute
+ * byte offset), 0 when offset is at or past the object's end (nothing to
+ * read), -1 with an exception. */
+static int object_range(Reader *self, PyObject *args, uint64_t *at, uint64_t *length)
+{
+    unsigned long long data_offset, size, offset, len;
+    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KKKK", &data_offset, &size, &offset, &len))
+        return -1;
+    if (offset >= size)
+        return 0;
+    *at = data_offset + offset;
+    *length = len > size - offset ? size - offset : len;
+    return 1;
+}
+
 static PyObject *Reader_try_pread(Reader *self, PyObject *args)
 {
-    unsigned long long data_offset, size, offset, length;
-    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KKKK", &data_offset, &size, &offset, &length))
-        return NULL;
-    if (offset >= size)
-        return PyBytes_FromStringAndSize(NULL, 0);
-    if (length > size - offset)
-        length = size - offset;
-    if (length > (unsigned long long)PY_SSIZE_T_MAX)
+    uint64_t at, length;
+    int in = object_range(self, args, &at, &length);
+    if (in <= 0)
+        return in < 0 ? NULL : PyBytes_FromStringAndSize(NULL, 0);
+    if (length > (uint64_t)PY_SSIZE_T_MAX)
         return PyErr_NoMemory();
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
     if (!out)
         return NULL;
-    int rc = sfs_read_nowait(self->shard, data_offset + offset, PyBytes_AS_STRING(out), (size_t)length);
+    int rc = sfs_read_nowait(self->shard, at, PyBytes_AS_STRING(out), (size_t)length);
     if (rc == SFS_OK)
         return out;
     Py_DECREF(out);
@@ -483,14 +496,11 @@ static PyObject *Reader_prefetch(Reader *self, PyObject *args)
 /* pread(data_offset, size, offset, length) -> bytes, clipped to the object */
 static PyObject *Reader_pread(Reader *self, PyObject *args)
 {
-    unsigned long long data_offset, size, offset, length;
-    if (!reader_ready(self) || !PyArg_ParseTuple(args, "KKKK", &data_offset, &size, &offset, &length))
-        return NULL;
-    if (offset >= size)
-        return PyBytes_FromStringAndSize(NULL, 0);
-    if (length > size - offset)
-        length = size - offset;
-    return copy_out(self, data_offset + offset, length);
+    uint64_t at, length;
+    int in = object_range(self, args, &at, &length);
+    if (in <= 0)
+        return in < 0 ? NULL : PyBytes_FromStringAndSize(NULL, 0);
+    return copy_out(self, at, length);
 }
 
 static PyObject *Reader_slot_of(Reader *self, PyObject *arg)

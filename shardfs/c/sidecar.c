@@ -100,15 +100,14 @@ typedef struct {
     uint8_t *buf;             /* CHUNK_SLOTS slots */
 } index_t;
 
-/* The error of a failed sfs_pread_full of `len` bytes of `what` at
- * `offset`. Its EIO is a short read or the device's own error: the file's
- * size now tells which. */
-static int read_failed(const index_t *ix, const char *what, uint64_t offset, uint64_t len, int e,
+/* The error of sfs_pread_full's result `got` (< 0, errno set) for `what`
+ * at `offset`: SFS_PREAD_SHORT is a file that ended first (it shrank),
+ * anything else the read's own error. */
+static int read_failed(const index_t *ix, const char *what, uint64_t offset, int got,
                        sfs_error_t *err)
 {
-    struct stat st;
-    if (e == EIO && fstat(ix->fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        (uint64_t)st.st_size < offset + len)
+    int e = errno;
+    if (got == SFS_PREAD_SHORT)
         return sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank while its sidecar was built "
                         "(short read of %s at byte %llu)", ix->path, what,
                         (unsigned long long)offset);
@@ -139,8 +138,9 @@ static int index_read(index_t *ix, uint64_t first, uint64_t count, sfs_error_t *
          ix->advised += READAHEAD_STEP)
         posix_fadvise(ix->fd, (off_t)(ix->position + ix->advised), READAHEAD_STEP,
                       POSIX_FADV_WILLNEED);
-    if (sfs_pread_full(ix->fd, ix->buf, count * SFS_SLOT_SIZE, ix->position + at) < 0)
-        return read_failed(ix, "the index", ix->position + at, count * SFS_SLOT_SIZE, errno, err);
+    int got = sfs_pread_full(ix->fd, ix->buf, count * SFS_SLOT_SIZE, ix->position + at);
+    if (got < 0)
+        return read_failed(ix, "the index", ix->position + at, got, err);
     return SFS_OK;
 }
 
@@ -279,8 +279,9 @@ static int sort_ties(index_t *ix, unsigned p, uint64_t *e, uint64_t m, sfs_error
         uint32_t slot = (uint32_t)e[i];
         uint8_t top[8];
         uint64_t at = ix->position + (uint64_t)slot * SFS_SLOT_SIZE;
-        if (sfs_pread_full(ix->fd, top, sizeof(top), at) < 0)
-            return read_failed(ix, "a key", at, sizeof(top), errno, err);
+        int got = sfs_pread_full(ix->fd, top, sizeof(top), at);
+        if (got < 0)
+            return read_failed(ix, "a key", at, got, err);
         e[i] = (be64(top) & low) << 32 | slot;
     }
     sort_u64(e, m);

@@ -16,6 +16,7 @@
  * each type lives in its own py_*.c file (py_module.h lists them).
  */
 #include "py_module.h"
+#include "ll.h"
 
 PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError;
 
@@ -173,7 +174,8 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         return PyErr_SetFromErrno(PyExc_OSError);
     if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&WriterType) < 0 ||
         PyType_Ready(&SidecarType) < 0 || PyType_Ready(&SidecarSetType) < 0 ||
-        PyType_Ready(&GlobalIndexType) < 0 || PyType_Ready(&OpenShardsType) < 0)
+        PyType_Ready(&GlobalIndexType) < 0 || PyType_Ready(&OpenShardsType) < 0 ||
+        PyType_Ready(&SessionType) < 0 || PyType_Ready(&DirBufferType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
@@ -184,12 +186,16 @@ PyMODINIT_FUNC PyInit__shardfs(void)
     Py_INCREF(&SidecarSetType);
     Py_INCREF(&GlobalIndexType);
     Py_INCREF(&OpenShardsType);
+    Py_INCREF(&SessionType);
+    Py_INCREF(&DirBufferType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
         PyModule_AddObject(m, "Writer", (PyObject *)&WriterType) < 0 ||
         PyModule_AddObject(m, "Sidecar", (PyObject *)&SidecarType) < 0 ||
         PyModule_AddObject(m, "SidecarSet", (PyObject *)&SidecarSetType) < 0 ||
         PyModule_AddObject(m, "GlobalIndex", (PyObject *)&GlobalIndexType) < 0 ||
         PyModule_AddObject(m, "OpenShards", (PyObject *)&OpenShardsType) < 0 ||
+        PyModule_AddObject(m, "Session", (PyObject *)&SessionType) < 0 ||
+        PyModule_AddObject(m, "DirBuffer", (PyObject *)&DirBufferType) < 0 ||
         PyModule_AddIntConstant(m, "GINDEX_PREFIX_BITS", SFS_GINDEX_PREFIX_BITS) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_END", SFS_HEADER_END) < 0 ||
         PyModule_AddIntConstant(m, "KEY_SIZE", SFS_KEY_SIZE) < 0 ||

@@ -13,8 +13,8 @@ what must be decided in one place:
   directories of the shards named at mount, and SIGHUP: new shards are
   served, vanished ones removed, a shard replaced in place (renamed over)
   is served from the new file while files opened on the old one keep
-  reading it; the old one is closed once no file is open on it in any
-  worker.
+  reading it for `REMOVED_READ_SECONDS` (objects are served in no-open
+  mode: the mount is not told when a file is closed), then it is closed.
 * **Takedowns.** When a served shard file is written (``shardfs delete``
   works in place), its sidecar's slots are checked against the index and
   the inode of every object deleted since is invalidated in the kernel
@@ -42,10 +42,10 @@ what must be decided in one place:
   die with the coordinator (``PR_SET_PDEATHSIG``).
 
 Why fork only after INIT: a libfuse session that has not processed INIT
-answers EIO to everything; trio and pyfuse3 do not survive a fork while
-their loop runs. So INIT is answered by a first, short ``trio.run`` whose
-``pyfuse3.main`` is cancelled from `Operations.init` (called while INIT is
-processed): the next request is then left in the kernel for a worker.
+answers EIO to everything. So the coordinator reads and answers INIT
+itself (``Session.answer_init``: nothing after it is read, the next
+request is left in the kernel for a worker), then forks. It never serves
+a request itself.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ import signal
 import stat
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 from shardfs import sidecar as sidecar_mod
 from shardfs.errors import ShardError
@@ -66,7 +66,7 @@ from shardfs.fuse import worker as worker_mod
 from shardfs.fuse.handlers import ShardFS
 from shardfs.fuse.layout import object_inode
 from shardfs.fuse.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
-from shardfs.fuse.shared import MAX_SHARDS, SharedState
+from shardfs.fuse.shared import SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -74,8 +74,13 @@ log = logging.getLogger("shardfs.fuse")
 READY_TIMEOUT = 10.0
 #: Seconds file events are left to settle before a rescan.
 SETTLE_SECONDS = 0.2
-#: Seconds after its removal before a shard with no open file is closed.
-CLOSE_GRACE = 1.0
+#: Seconds a removed shard stays readable through the files opened on it
+#: before (objects are served in no-open mode: the mount is not told when
+#: a file is closed), then it is closed.
+REMOVED_READ_SECONDS = 30.0
+#: Most threads serving in each worker process (started as requests wait:
+#: reads that wait for the device do not stall the others).
+WORKER_THREADS = 4
 #: A worker position restarted more often than this within
 #: RESTART_WINDOW seconds makes the coordinator give up the mount.
 MAX_RESTARTS = 5
@@ -130,20 +135,6 @@ def index_batches(members: Sequence[MountedShard]) -> "Iterator[List[MountedShar
         yield batch
 
 
-def _session_fd() -> int:
-    """The descriptor of /dev/fuse that pyfuse3.init() left open."""
-    found = []
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
-                found.append(int(name))
-        except OSError:
-            continue
-    if len(found) != 1:
-        raise RuntimeError(f"expected one /dev/fuse descriptor, found {len(found)}")
-    return found[0]
-
-
 class Coordinator:
     """Serve `fs` (whose shard set it owns from now on) on `mountpoint`
     with `workers` worker processes; see the module's docstring.
@@ -170,12 +161,12 @@ class Coordinator:
         self.private_fds = tuple(private_fds)
         self.pid = os.getpid()
         self.state: Optional[SharedState] = None
-        self.session_fd = -1
+        self.session: Any = None  # shardfs._shardfs.Session, once mounted
         self._positions: Dict[int, int] = {}  # worker pid -> position
         self._restarts: Dict[int, List[float]] = {}
         self._builder: Optional[dict] = None  # the sidecar builder: see _start_builder
         self._poller = select.poll()
-        self._removed_at: Dict[int, tuple] = {}  # number -> (sequence, monotonic time)
+        self._removed_at: Dict[int, float] = {}  # number -> monotonic time of the removal
         self._deleted: Dict[int, Set[int]] = {}  # number -> slots found deleted
         self._signals: List[int] = []
         self._wakeup = (-1, -1)
@@ -189,7 +180,6 @@ class Coordinator:
         self._stopping = False
         self._ended = False
         self._mounted = False
-        self.shards.reserved = self._reserved
         self.catalog = catalog
         self._poll_at = time.monotonic()
         #: Building the global index failed once: not tried again.
@@ -208,27 +198,24 @@ class Coordinator:
         """Mount, serve until unmounted or signalled, unmount; returns the
         exit status (0: clean). Raises ShardError when libfuse refuses to
         mount."""
-        import pyfuse3
-
         from shardfs import ShardError
-        from shardfs.fuse import inline
+        from shardfs._shardfs import Session
+        from shardfs.fuse.handlers import CACHE_TIMEOUT, ENTRY_TIMEOUT
 
-        inline.install()  # before init(): the workers serve without an event loop
         try:
-            pyfuse3.init(self.fs, self.mountpoint, set(self.options))
+            self.session = Session(self.fs, self.mountpoint, self.options, self.fs.uid, self.fs.gid,
+                                   CACHE_TIMEOUT, ENTRY_TIMEOUT)
         except RuntimeError as exc:
-            message = f"cannot mount on {self.mountpoint}: libfuse refused ({exc}); check the -o options"
+            message = f"cannot mount on {self.mountpoint}: {exc}; check the -o options"
             self.report("error: " + message)
             raise ShardError(message) from None
         self._mounted = True
         status = 1
         try:
-            self.session_fd = _session_fd()
-            self._answer_init()
+            if not self.session.answer_init(READY_TIMEOUT):
+                raise RuntimeError(f"the kernel sent no INIT request within {READY_TIMEOUT:g} s")
             log.info("mounted %s", self.description)
             self.state = SharedState(self.nworkers)
-            state = self.state
-            self.shards.in_use = lambda number: state.open_files(number) > 0
             self._publish()
             self._install_signals()
             self._watch_files()
@@ -251,30 +238,6 @@ class Coordinator:
             self._stop()
             self._close()
         return status
-
-    def _answer_init(self) -> None:
-        """Let pyfuse3 process the kernel's INIT request, and nothing else."""
-        import pyfuse3
-        import trio
-
-        done = []
-
-        async def until_init() -> None:
-            with trio.move_on_after(READY_TIMEOUT) as scope:
-
-                def init() -> None:  # called by pyfuse3 while it processes INIT
-                    done.append(True)
-                    scope.cancel()  # main() stops at its next checkpoint, before reading again
-
-                self.fs.init = init
-                try:
-                    await pyfuse3.main(1, 1)
-                finally:
-                    del self.fs.init
-
-        trio.run(until_init)
-        if not done:
-            raise RuntimeError(f"the kernel sent no INIT request within {READY_TIMEOUT:g} s")
 
     def _answers(self) -> bool:
         """True once a stat of the mount point is answered (by a worker)."""
@@ -300,7 +263,7 @@ class Coordinator:
             fds = tuple(fd for fd in self._wakeup if fd >= 0) + self.private_fds
             if self._inotify is not None:
                 fds += (self._inotify.fileno(),)
-            worker_mod.run(self.fs, self.state, position, self.session_fd, self.pid, close_fds=fds)
+            worker_mod.run(self.fs, self.session, self.state, position, self.pid, WORKER_THREADS, close_fds=fds)
         self._positions[pid] = position
         log.debug("worker %d started at position %d", pid, position)
 
@@ -341,12 +304,10 @@ class Coordinator:
     def _unmount(self) -> None:
         """Unmount (lazily, as libfuse does: nothing waits on a busy mount)
         and release the session, once."""
-        import pyfuse3
-
         if self._mounted:
             self._mounted = False
             try:
-                pyfuse3.close(unmount=True)
+                self.session.unmount()
             except Exception:  # pragma: no cover - close() only logs in practice
                 log.exception("unmount failed")
 
@@ -515,7 +476,7 @@ class Coordinator:
             self._hold(gone)
             self._publish()
             for member in gone:
-                self._removed_at[member.number] = (self.state.sequence, time.monotonic())
+                self._removed_at[member.number] = time.monotonic()
                 self._forget.append([member, 0])
         dirty = [m for m in self.shards.served() if self._check_all or m.path in self._dirty]
         self._dirty.clear()
@@ -542,7 +503,7 @@ class Coordinator:
         self._hold(change.removed)
         self._publish()
         for member in change.removed:
-            self._removed_at[member.number] = (self.state.sequence, time.monotonic())
+            self._removed_at[member.number] = time.monotonic()
             self._forget.append([member, 0])
         if change.added or change.removed:
             log.info("winery: %d image(s) added, %d removed", len(change.added), len(change.removed))
@@ -554,8 +515,6 @@ class Coordinator:
         in every directory where they are looked up, the inode of their
         slot in the shard they are hidden in, and the inodes workers gave
         them as database objects (cached pages included)."""
-        import pyfuse3
-
         def quiet(call: Callable[[], None]) -> None:
             try:
                 call()
@@ -568,7 +527,7 @@ class Coordinator:
         for key, shard_id in pairs:
             name = key.hex()
             for parent in self.fs.layout.parents_of(name):
-                quiet(lambda parent=parent: pyfuse3.invalidate_entry(parent, name.encode("ascii")))
+                quiet(lambda parent=parent: self.session.invalidate_entry(parent, name.encode("ascii")))
             member = self.shards.get(shard_id)
             if member is not None:
                 try:
@@ -576,9 +535,9 @@ class Coordinator:
                 except Exception:
                     hit = None
                 if hit is not None:
-                    quiet(lambda: pyfuse3.invalidate_inode(object_inode(member.number, hit[0]), False))
+                    quiet(lambda: self.session.invalidate_inode(object_inode(member.number, hit[0])))
             for position, number in self.state.ring_find(key):
-                quiet(lambda: pyfuse3.invalidate_inode(db_inode(position, number), False))
+                quiet(lambda: self.session.invalidate_inode(db_inode(position, number)))
         log.info("winery: %d key(s) taken down: invalidated in the kernel", len(pairs))
 
     @staticmethod
@@ -597,8 +556,6 @@ class Coordinator:
     def _invalidate_deleted(self, member: MountedShard) -> None:
         """Invalidate in the kernel the inodes of the objects of `member`
         deleted since its sidecar was built (a takedown)."""
-        import pyfuse3
-
         sc = member.sidecar
         if sc is None:
             log.warning("%s was written to but has no sidecar yet: deleted objects cannot be "
@@ -619,7 +576,7 @@ class Coordinator:
                     found.append(slot)
         for slot in found:
             try:
-                pyfuse3.invalidate_inode(object_inode(member.number, slot), False)
+                self.session.invalidate_inode(object_inode(member.number, slot))
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not know it
                     log.warning("cannot invalidate an object of %s: %s", member.path, exc)
@@ -636,8 +593,6 @@ class Coordinator:
         invalidated instead: the next access to a name the kernel still
         has asks for them, is answered ESTALE, and the kernel looks the
         name up again."""
-        import pyfuse3
-
         if not self._forget:
             return
         item = self._forget[0]
@@ -651,7 +606,7 @@ class Coordinator:
             end = min(first + FORGET_BATCH, member.slot_count)
             for slot in range(first, end):
                 try:
-                    pyfuse3.invalidate_inode(object_inode(member.number, slot), False)
+                    self.session.invalidate_inode(object_inode(member.number, slot))
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not have it
                         log.warning("cannot invalidate an object of %s: %s", member.path, exc)
@@ -668,7 +623,7 @@ class Coordinator:
                 name = key.hex()
                 for parent in self.fs.layout.parents_of(name):
                     try:
-                        pyfuse3.invalidate_entry(parent, name.encode("ascii"))
+                        self.session.invalidate_entry(parent, name.encode("ascii"))
                     except OSError as exc:
                         if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not have it
                             raise
@@ -683,39 +638,28 @@ class Coordinator:
 
     # ----------------------------------------------------- shard lifetime
 
-    def _reserved(self, number: int) -> bool:
-        """A number whose open-file counters belong to a shard still held."""
-        if number < MAX_SHARDS:
-            return False
-        index = number % MAX_SHARDS
-        return any(n % MAX_SHARDS == index for n in self.shards.shards)
-
     def _close_unused(self) -> None:
-        """Close removed shards on which no worker has a file open, once
-        every worker has seen them removed."""
+        """Close removed shards REMOVED_READ_SECONDS after their removal,
+        once their names are invalidated."""
         if not self._removed_at:
             return
-        busy = [self.state.busy_with(p) for p in self._positions.values()]
         now = time.monotonic()
         closed = False
         forgetting = {item[0].number for item in self._forget}
-        for number, (seq, when) in list(self._removed_at.items()):
+        for number, when in list(self._removed_at.items()):
             member = self.shards.get(number)
             if member is None:
                 del self._removed_at[number]
                 continue
             if number in forgetting:
                 continue
-            if now - when < CLOSE_GRACE or any(0 < b < seq for b in busy):
-                continue
-            if self.state.open_files(number) > 0:
+            if now - when < REMOVED_READ_SECONDS:
                 continue
             del self._removed_at[number]
             self._deleted.pop(number, None)
             self.shards.discard(member)
-            self.state.reset_open_files(number)
             closed = True
-            log.info("shard %s (number %d) closed: no file open on it", member.path, number)
+            log.info("shard %s (number %d) closed", member.path, number)
         if closed:
             self._publish()
 
@@ -827,7 +771,7 @@ class Coordinator:
             try:
                 os.close(r)
                 worker_mod._die_with(self.pid, worker_mod.BUILDER_NAME)
-                os.close(self.session_fd)
+                os.close(self.session.fileno())
                 served = [m.identity for m in self.shards.served() if m.identity]
                 for batch in index_batches(unindexed):
                     word = b"index"

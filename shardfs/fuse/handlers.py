@@ -13,35 +13,38 @@ the filesystem keeps no table of the inodes the kernel knows (its memory
 does not grow with what is read or listed); an inode is resolved from its
 slot when needed.
 
-The handlers know nothing of processes, yet they are written to be run by
-several processes serving one FUSE connection (`shardfs.fuse.worker`),
-where the OPEN, READ and RELEASE of one file, or the READDIR calls of one
-listing, may each reach another process:
+The requests are parsed and answered by the C request path
+(``shardfs._shardfs.Session``, ``shardfs/c/ll.h``): it serves alone what
+needs no Python (OPEN is answered ENOSYS, the kernel's no-open mode: no
+OPEN, FLUSH or RELEASE ever reaches the daemon; IOCTL, FORGET, writes; and
+LOOKUP, GETATTR and READ of objects in shards open in the process), and
+calls these handlers for the rest, one at a time per process, from any of
+its threads. Each handler returns plain values (an entry is ``(inode,
+is_dir, size, time_ns)``) or raises `FUSEError`. Several processes serve
+one FUSE connection (`shardfs.fuse.worker`), so the READs of one file, or
+the READDIR calls of one listing, may each reach another process:
 
-* No state a later request needs: a file handle is the object's inode
-  (READ resolves the slot again, which also makes a takedown effective at
-  once), a directory handle is the directory's inode, and a listing
-  position is computed from the shard set (a shard number and slot for a
-  flat root, an index into a sorted listing for a fan-out directory).
-  What a handler remembers between requests is a cache that any process
-  may rebuild.
-* A handler does its I/O inline (the C core releases the GIL): concurrency
-  comes from the number of processes, never from threads a handler awaits.
+* No state a later request needs: READ resolves the inode's slot again
+  (which also makes a takedown effective at once), and a listing position
+  is computed from the shard set (a shard number and slot for a flat root,
+  a child number or an index into a sorted listing for a fan-out
+  directory). What a handler remembers between requests is a cache that
+  any process may rebuild.
+* A handler does its I/O inline (the C core releases the GIL).
 * What the handlers must tell the process that runs them (a request began
-  or ended, a file was opened or released) goes through `RequestHooks`.
+  or ended) goes through `RequestHooks`.
 
-Caching by the kernel: names, objects and directories are cached for
-`CACHE_TIMEOUT` (a year: what changes an object in place is a takedown, and
-the coordinator invalidates those inodes; the names of a shard that is
-removed or replaced are invalidated by the coordinator too); the absence
-of a name only for `ENTRY_TIMEOUT`, so that a shard added under the mount
-is seen within that bound. Objects up to `PUSH_BYTES` are pushed into the
-kernel's page cache at open (``notify_store``), so reading them sends no
-READ request; ``keep_cache`` keeps those pages between opens.
+Caching by the kernel: names and attributes are cached for `CACHE_TIMEOUT`
+(a year: what changes an object in place is a takedown, and the
+coordinator invalidates those inodes; the names of a shard that is removed
+or replaced are invalidated by the coordinator too); the absence of a name
+only for `ENTRY_TIMEOUT`, so that a shard added under the mount is seen
+within that bound. In no-open mode the kernel keeps an object's pages
+between opens.
 
-A handler may only raise `pyfuse3.FUSEError`; anything else would escape
-the pyfuse3 main loop and kill the process. Every handler is wrapped so an
-unexpected exception is logged and answered with EIO.
+A handler may only raise `FUSEError`; the C caller answers EIO to anything
+else, and every handler is wrapped so an unexpected exception is logged
+and answered with EIO.
 """
 
 from __future__ import annotations
@@ -53,11 +56,8 @@ import json
 import logging
 import math
 import os
-import stat
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
-import pyfuse3
 
 from shardfs.fuse.layout import (OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode, split_db_inode,
                                  split_object_inode)
@@ -77,10 +77,6 @@ CACHE_TIMEOUT = 365 * 86400.0
 #: names the kernel had looked up before.
 ENTRY_TIMEOUT = 1.0
 
-#: Objects up to this many bytes are pushed into the kernel's page cache
-#: when opened (``pyfuse3.notify_store``): no READ request follows.
-PUSH_BYTES = 128 * 1024
-
 #: Extended attribute of the root: requests served, by kind, as JSON.
 REQUESTS_XATTR = b"user.shardfs.requests"
 #: Extended attribute of the root: shards, sidecars, lookups and index
@@ -92,8 +88,8 @@ SHARD_XATTR = b"user.shardfs.shard"
 #: the shard (after its 8-byte size field), decimal ASCII.
 OFFSET_XATTR = b"user.shardfs.offset"
 
-#: Bytes of an object read ahead when it is looked up (the open that
-#: follows reads up to PUSH_BYTES of it).
+#: Bytes of an object read ahead when it is looked up (the READ that
+#: follows asks for up to 128 KiB of it).
 PREFETCH_BYTES = 128 * 1024
 
 #: Directory entries computed per READDIR of a flat root (a reply holds a
@@ -112,8 +108,22 @@ _HEX_DIGITS = frozenset(b"0123456789abcdef")
 #: Bytes of an object's name: its key in hex.
 NAME_SIZE = 2 * KEY_SIZE
 
-#: open(2) flags that ask for write access or would modify the file.
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CREAT", 0)
+
+class FUSEError(Exception):
+    """The answer of a request that failed: `errno` (an errno value)."""
+
+    def __init__(self, errno_: int) -> None:
+        super().__init__(errno_)
+        self.errno = errno_
+
+    def __str__(self) -> str:
+        return os.strerror(self.errno)
+
+
+#: What a handler answers for an inode: (inode, is_dir, size in bytes,
+#: mtime in ns since the epoch). The C request path adds the mode (0555
+#: for a directory, 0444 for an object), links, owner and cache timeouts.
+Entry = Tuple[int, bool, int, int]
 
 
 def parse_name(name: bytes) -> Optional[bytes]:
@@ -132,7 +142,7 @@ def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
-#: One directory entry ready for readdir_reply:
+#: One directory entry ready for `DirBuffer.add`:
 #: (next_id, name, inode, is_dir, size, mtime_ns).
 _Entry = Tuple[int, bytes, int, bool, int, int]
 
@@ -156,12 +166,6 @@ class RequestHooks:
     def end(self) -> None:
         """The request is answered (or failed)."""
 
-    def opened(self, number: int) -> None:
-        """A file of shard `number` was opened (the kernel will RELEASE it)."""
-
-    def released(self, number: int) -> None:
-        """A file of shard `number` was released."""
-
     def requests(self) -> Dict[str, int]:
         """Requests served since the mount, by kind."""
         return dict(self.counts)
@@ -175,53 +179,36 @@ class RequestHooks:
         return [sum(self.counts.values())]
 
 
-#: One directory entry ready for readdir_reply:
-#: (next_id, name, inode, is_dir, size, mtime_ns).
-_Entry = Tuple[int, bytes, int, bool, int, int]
-
 
 def _handler(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Tell the hooks a request begins and ends, and turn an unexpected
-    exception of a handler into EIO (and a log line).
-
-    pyfuse3 only answers `FUSEError`; any other exception would escape its
-    main loop and take the process down.
-    """
+    exception of a handler into EIO (and a log line)."""
 
     name = fn.__name__
 
     @functools.wraps(fn)
-    async def wrapper(self: "ShardFS", *args: Any) -> Any:
+    def wrapper(self: "ShardFS", *args: Any) -> Any:
         hooks = self.hooks
         hooks.begin(name)
         try:
-            return await fn(self, *args)
-        except pyfuse3.FUSEError:
+            return fn(self, *args)
+        except FUSEError:
             raise
         except ImageNotMapped as exc:
             log.warning("%s", exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            raise FUSEError(errno.EIO) from None
         except DatabaseUnavailable:  # logged once per outage by the Database
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            raise FUSEError(errno.EIO) from None
         except OSError as exc:
             log.error("%s%r failed: %s", name, args[:2], exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            raise FUSEError(errno.EIO) from None
         except Exception:
             log.exception("%s%r failed", name, args[:2])
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            raise FUSEError(errno.EIO) from None
         finally:
             hooks.end()
 
     return wrapper
-
-
-def _erofs(name: str) -> Callable[..., Any]:
-    async def handler(self: "ShardFS", *args: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    handler.__name__ = name
-    handler.__doc__ = f"{name}: always raises FUSEError(EROFS): the filesystem is read-only."
-    return handler
 
 
 class _Cache(collections.OrderedDict):
@@ -238,8 +225,8 @@ class _Cache(collections.OrderedDict):
             self.popitem(last=False)
 
 
-class ShardFS(pyfuse3.Operations):
-    """A read-only pyfuse3 filesystem over the shards of a `ShardSet`.
+class ShardFS:
+    """The handlers of a read-only filesystem over the shards of a `ShardSet`.
 
     `layout` is a `shardfs.fuse.layout.Layout` (flat by default). `uid` and
     `gid` own every file and directory (default: the mounting user).
@@ -249,24 +236,20 @@ class ShardFS(pyfuse3.Operations):
     storage: the shard set holds its images (numbered by shard id), keys
     it hides are refused, and keys no image holds are looked up in its
     database (their inodes carry `shardfs.fuse.layout.DB_INODE_FLAG`). The
-    filesystem does not own the set: the caller closes it after
-    `pyfuse3.close()`.
+    filesystem does not own the set: the caller closes it after the
+    session ends. `uid`, `gid`, `CACHE_TIMEOUT` and `ENTRY_TIMEOUT` are
+    given to the session, which fills the attributes.
     """
-
-    supports_dot_lookup = True
-    enable_writeback_cache = False
-    enable_acl = False
 
     def __init__(self, shards: ShardSet, layout: Optional[Layout] = None, uid: Optional[int] = None,
                  gid: Optional[int] = None, hooks: Optional[RequestHooks] = None,
                  winery: Any = None) -> None:
-        super().__init__()
         self.shards = shards
         self.winery = winery
         self.layout = layout or Layout.flat()
         self.hooks = hooks or RequestHooks(shards)
-        self._uid = os.getuid() if uid is None else uid
-        self._gid = os.getgid() if gid is None else gid
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
         mtimes = [m.mtime for m in shards.served()]
         self._dir_time_ns = _ns(max(mtimes) if mtimes else time.time())
         #: (directory inode, position, shard set version) -> entries.
@@ -278,51 +261,24 @@ class ShardFS(pyfuse3.Operations):
 
     # ------------------------------------------------------------ helpers
 
-    def _attr(self, inode: int, mode: int, nlink: int, size: int, time_ns: int) -> pyfuse3.EntryAttributes:
-        attr = pyfuse3.EntryAttributes()
-        attr.st_ino = inode
-        attr.generation = 0
-        attr.entry_timeout = CACHE_TIMEOUT
-        attr.attr_timeout = CACHE_TIMEOUT
-        attr.st_mode = mode
-        attr.st_nlink = nlink
-        attr.st_uid = self._uid
-        attr.st_gid = self._gid
-        attr.st_rdev = 0
-        attr.st_size = size
-        attr.st_blksize = 4096
-        # du(1) counts st_blocks: the bytes the object takes in its shard.
-        attr.st_blocks = (size + 511) // 512
-        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = time_ns
-        return attr
+    def _dir_attr(self, inode: int) -> Entry:
+        return (inode, True, 0, self._dir_time_ns)
 
-    def _dir_attr(self, inode: int) -> pyfuse3.EntryAttributes:
-        return self._attr(inode, stat.S_IFDIR | 0o555, 2, 0, self._dir_time_ns)
+    def _file_attr(self, inode: int, size: int, member: MountedShard) -> Entry:
+        return (inode, False, size, _ns(member.mtime))
 
-    def _file_attr(self, inode: int, size: int, member: MountedShard) -> pyfuse3.EntryAttributes:
-        return self._attr(inode, stat.S_IFREG | 0o444, 1, size, _ns(member.mtime))
-
-    def _negative_entry(self) -> pyfuse3.EntryAttributes:
-        """A lookup answer that makes the kernel cache "no such name"."""
-        attr = pyfuse3.EntryAttributes()
-        attr.st_ino = 0
-        attr.entry_timeout = ENTRY_TIMEOUT
-        attr.attr_timeout = ENTRY_TIMEOUT
-        return attr
-
-    def _lookup_object(self, key: bytes) -> pyfuse3.EntryAttributes:
+    def _lookup_object(self, key: bytes) -> Optional[Entry]:
         if self.winery is not None:
             loc = self.winery.locate(key)
             if loc is None:
-                return self._negative_entry()
+                return None
             if loc.member is None:
-                return self._attr(self.winery.inode_for(key, loc.size), stat.S_IFREG | 0o444, 1,
-                                  loc.size, self._dir_time_ns)
+                return (self.winery.inode_for(key, loc.size), False, loc.size, self._dir_time_ns)
             found = (loc.member, loc.slot, loc.data_offset, loc.size)
         else:
             found = self.shards.find(key)
         if found is None:
-            return self._negative_entry()
+            return None
         member, slot, data_offset, size = found
         # The open that follows reads the object: start reading it now.
         member.shard.prefetch(data_offset, size, PREFETCH_BYTES)
@@ -333,28 +289,28 @@ class ShardFS(pyfuse3.Operations):
         index slot now (so a takedown is seen at once). Raises ENOENT when
         the inode names nothing: a directory, an empty or deleted slot.
         Raises ESTALE when its shard is no longer served (unless `opened`:
-        a file opened before the shard was removed keeps reading it) or
+        READ of a file opened before the shard was removed) or
         was replaced under the mount: the kernel then looks the name up
         again (LOOKUP_REVAL) and finds the key where it is served now, or
         nowhere, even if it still cached the name."""
         split = split_object_inode(inode)
         if split is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FUSEError(errno.ENOENT)
         member = self.shards.get(split[0])
         if member is None or (member.removed and not opened):
-            raise pyfuse3.FUSEError(errno.ESTALE)
+            raise FUSEError(errno.ESTALE)
         if split[1] >= member.slot_count:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FUSEError(errno.ENOENT)
         try:
             found = member.shard.slot(split[1])
         except OSError as exc:
             if exc.errno == errno.ESTALE:  # replaced: the rescan will notice
-                raise pyfuse3.FUSEError(errno.ESTALE) from None
+                raise FUSEError(errno.ESTALE) from None
             raise
         if found is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FUSEError(errno.ENOENT)
         if self.winery is not None and self.winery.reader.is_hidden(found[0], member.number):
-            raise pyfuse3.FUSEError(errno.ENOENT)  # taken down in the database
+            raise FUSEError(errno.ENOENT)  # taken down in the database
         return (member, found[1], found[2])
 
     def _db_object(self, inode: int) -> Optional[Tuple[bytes, int]]:
@@ -366,10 +322,10 @@ class ShardFS(pyfuse3.Operations):
             return None
         entry = self.winery.resolve(inode)
         if entry is None:
-            raise pyfuse3.FUSEError(errno.ESTALE)
+            raise FUSEError(errno.ESTALE)
         loc = self.winery.locate(entry[0])
         if loc is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FUSEError(errno.ENOENT)
         return entry[0], loc.size
 
     def _split_dir(self, inode: int) -> Optional[Tuple[int, int]]:
@@ -378,19 +334,19 @@ class ShardFS(pyfuse3.Operations):
     # --------------------------------------------------------- name space
 
     @_handler
-    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    def lookup(self, parent_inode: int, name: bytes) -> Optional[Entry]:
         """Find `name` in directory `parent_inode`.
 
-        Returns the attributes of an object or a directory, the parent
-        directory's for "." and "..", or a negative entry (``st_ino = 0``,
-        cached by the kernel for ENTRY_TIMEOUT) when nothing has that name:
+        Returns the entry of an object or a directory, the parent
+        directory's for "." and "..", or None (a negative entry, cached by
+        the kernel for ENTRY_TIMEOUT) when nothing has that name:
         not 64 lowercase hex characters, a key no served shard holds, or
         (in a fan-out directory) a key that does not start with the
         directory's prefix. Raises ENOTDIR when `parent_inode` is an object.
         """
         where = self._split_dir(parent_inode)
         if where is None:
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
+            raise FUSEError(errno.ENOTDIR)
         depth, prefix = where
         if name == b".":
             return self._dir_attr(parent_inode)
@@ -402,25 +358,19 @@ class ShardFS(pyfuse3.Operations):
         key = parse_name(name)
         if key is not None:
             if depth and not name.startswith(self.layout.prefix_hex(depth, prefix).encode()):
-                return self._negative_entry()
+                return None
             if depth not in (0, self.layout.depth):
-                return self._negative_entry()  # objects live at the root or in leaves
+                return None  # objects live at the root or in leaves
             return self._lookup_object(key)
         if depth < self.layout.depth:
             width = self.layout.widths[depth]
             if len(name) == width and _HEX_DIGITS.issuperset(name):
                 child = (prefix << (4 * width)) | int(name, 16)
                 return self._dir_attr(self.layout.dir_inode(depth + 1, child))
-        return self._negative_entry()
-
-    async def forget(self, inode_list: Sequence[Tuple[int, int]]) -> None:
-        """Kernel lookup references dropped: nothing to do, inodes carry
-        their own location. Never raises (pyfuse3 requires it)."""
-        self.hooks.begin("forget")
-        self.hooks.end()
+        return None
 
     @_handler
-    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    def getattr(self, inode: int) -> Entry:
         """Attributes of `inode`: a directory or an object.
 
         Raises ENOENT for an inode that names nothing (anymore).
@@ -429,94 +379,34 @@ class ShardFS(pyfuse3.Operations):
             return self._dir_attr(inode)
         db = self._db_object(inode)
         if db is not None:
-            return self._attr(inode, stat.S_IFREG | 0o444, 1, db[1], self._dir_time_ns)
+            return (inode, False, db[1], self._dir_time_ns)
         member, _, size = self._object(inode)
         return self._file_attr(inode, size, member)
 
     # -------------------------------------------------------------- files
 
     @_handler
-    async def open(self, inode: int, flags: int, ctx: Any = None) -> pyfuse3.FileInfo:
-        """Open an object for reading; the file handle is the inode.
-
-        An object of at most PUSH_BYTES is read whole and pushed into the
-        kernel's page cache, so its reads never reach the daemon. Returns a
-        FileInfo with ``keep_cache=True``: the kernel keeps the pages it
-        cached (the bytes never change but for a takedown, whose inode is
-        invalidated). Raises EROFS for any write access flag, EISDIR for a
-        directory, ENOENT for an inode that names nothing.
-        """
-        if flags & _WRITE_FLAGS:
-            raise pyfuse3.FUSEError(errno.EROFS)
-        if self._split_dir(inode) is not None:
-            raise pyfuse3.FUSEError(errno.EISDIR)
-        db = self._db_object(inode)
-        if db is not None:
-            key, size = db
-            if 0 < size <= PUSH_BYTES:
-                data = self.winery.read(key, 0, size)
-                if data is None:
-                    raise pyfuse3.FUSEError(errno.ENOENT)
-                try:
-                    pyfuse3.notify_store(inode, 0, data)
-                except OSError as exc:
-                    log.debug("notify_store of inode %d failed: %s", inode, exc)
-            return pyfuse3.FileInfo(fh=inode, keep_cache=True)
-        member, data_offset, size = self._object(inode)
-        if 0 < size <= PUSH_BYTES:
-            data = member.shard.pread(data_offset, size, 0, size)
-            try:
-                pyfuse3.notify_store(inode, 0, data)
-            except OSError as exc:
-                # Not fatal: the reads will come as READ requests instead.
-                log.debug("notify_store of inode %d failed: %s", inode, exc)
-        self.hooks.opened(member.number)  # last: a failed open gets no RELEASE
-        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
-
-    @_handler
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    def read(self, fh: int, off: int, size: int) -> bytes:
         """Bytes [off, off+size) of the object whose inode is `fh`, clipped
         at its end (b"" at or after it). The slot is read again, so a
-        deleted object raises ENOENT; EIO if the shard cannot be read."""
+        deleted object raises ENOENT; EIO if the shard cannot be read. A
+        shard removed from the mount still answers until the coordinator
+        closes it (files opened before may still be read: in no-open mode
+        the mount is not told when they are closed)."""
         db = self._db_object(fh)
         if db is not None:
             if off >= db[1] or size <= 0:
                 return b""
             data = self.winery.read(db[0], off, size)
             if data is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
+                raise FUSEError(errno.ENOENT)
             return data
         member, data_offset, objsize = self._object(fh, opened=True)
         if off >= objsize or size <= 0:
             return b""
         return member.shard.pread(data_offset, objsize, off, size)
 
-    @_handler
-    async def flush(self, fh: int) -> None:
-        """Always raises FUSEError(ENOSYS): the kernel then stops sending
-        FLUSH (on every close) for the rest of the mount, one request per
-        object saved. There is nothing to flush on a read-only filesystem."""
-        raise pyfuse3.FUSEError(errno.ENOSYS)
-
-    @_handler
-    async def release(self, fh: int) -> None:
-        """The kernel closed a file of inode `fh`. Returns None."""
-        split = split_object_inode(fh)
-        if split is not None:
-            self.hooks.released(split[0])
-
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        """Nothing to sync: returns None."""
-
     # -------------------------------------------------------- directories
-
-    @_handler
-    async def opendir(self, inode: int, ctx: Any = None) -> int:
-        """Open a directory; the handle is its inode. Raises ENOTDIR for an
-        object inode."""
-        if self._split_dir(inode) is None:
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return inode
 
     def _flat_batch(self, start_id: int) -> List[_Entry]:
         """Up to READDIR_BATCH objects of a flat root from position
@@ -673,75 +563,58 @@ class ShardFS(pyfuse3.Operations):
         return entries[start_id:]
 
     @_handler
-    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        """List directory `fh` (its inode) from position `start_id`.
+    def readdir(self, inode: int, start_id: int, reply: Any) -> None:
+        """List directory `inode` from position `start_id` into `reply` (a
+        `shardfs._shardfs.DirBuffer`: its ``add`` returns False once the
+        kernel's buffer is full).
 
         Flat root: objects by (shard number, slot); a fan-out directory:
         its non-empty subdirectories or its objects, by name. An entry's
         `next_id` is the position just after it, so a listing resumes
         exactly after the last entry the kernel accepted, in any process.
-        No "." or ".." entries. Returns None.
+        No "." or ".." entries. Returns None; raises ENOTDIR for an inode
+        that is no directory.
         """
-        if self._split_dir(fh) is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
-        flat = self.layout.is_flat and fh == ROOT_INODE
+        if self._split_dir(inode) is None:
+            raise FUSEError(errno.ENOTDIR)
+        flat = self.layout.is_flat and inode == ROOT_INODE
         while True:
-            entries = self._entries(fh, start_id)
+            entries = self._entries(inode, start_id)
             if not entries:
                 return
-            for i, (next_id, name, inode, is_dir, size, time_ns) in enumerate(entries):
-                if is_dir:
-                    attr = self._dir_attr(inode)
-                else:
-                    attr = self._attr(inode, stat.S_IFREG | 0o444, 1, size, time_ns)
-                if not pyfuse3.readdir_reply(token, name, attr, next_id):
+            for i, (next_id, name, child, is_dir, size, time_ns) in enumerate(entries):
+                if not reply.add(name, child, is_dir, size, time_ns, next_id):
                     # Kernel buffer full: keep the rest for the next call.
                     if flat:
-                        self._listings.put((fh, start_id, self._listing_version()), entries[i:])
+                        self._listings.put((inode, start_id, self._listing_version()), entries[i:])
                     return
                 start_id = next_id
             if not flat:
                 return
 
-    @_handler
-    async def releasedir(self, fh: int) -> None:
-        """Nothing to forget (the handle is the inode); returns None."""
-
-    async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        """Nothing to sync: returns None."""
-
     # -------------------------------------------------- filesystem-wide
 
     @_handler
-    async def statfs(self, ctx: Any = None) -> pyfuse3.StatvfsData:
-        """Filesystem statistics: the served shards' extents in 4 KiB
-        blocks, none free; their objects as files (the live count of the
-        shard's sidecar when the coordinator read it, else the header's
-        object count), none free; names of 64 bytes."""
+    def statfs(self) -> Tuple[int, int]:
+        """(blocks, files) of the filesystem: the served shards' extents in
+        4 KiB blocks, and their objects (the live count of the shard's
+        sidecar when the coordinator read it, else the header's object
+        count). The session says none are free and names are 64 bytes."""
         served = self.shards.served()
-        data = pyfuse3.StatvfsData()
-        data.f_bsize = 4096
-        data.f_frsize = 4096
-        data.f_blocks = sum(math.ceil(m.extent / 4096) for m in served)
-        data.f_bfree = 0
-        data.f_bavail = 0
-        data.f_files = sum(m.objects_count if m.live_count is None else m.live_count for m in served)
-        data.f_ffree = 0
-        data.f_favail = 0
-        data.f_namemax = NAME_SIZE
-        return data
+        return (sum(math.ceil(m.extent / 4096) for m in served),
+                sum(m.objects_count if m.live_count is None else m.live_count for m in served))
 
     @_handler
-    async def access(self, inode: int, mode: int, ctx: Any = None) -> bool:
-        """True for F_OK/R_OK/X_OK; raises EROFS when W_OK is asked.
+    def access(self, inode: int, mode: int) -> None:
+        """None for F_OK/R_OK/X_OK; raises EROFS when W_OK is asked,
+        ENOENT for an inode that names nothing.
 
         (Not called by the kernel when mounted with default_permissions.)
         """
         if mode & os.W_OK:
-            raise pyfuse3.FUSEError(errno.EROFS)
+            raise FUSEError(errno.EROFS)
         if self._split_dir(inode) is None and self._db_object(inode) is None:
             self._object(inode)
-        return True
 
     # ------------------------------------------------------------ xattrs
 
@@ -762,7 +635,7 @@ class ShardFS(pyfuse3.Operations):
         }
 
     @_handler
-    async def getxattr(self, inode: int, name: bytes, ctx: Any = None) -> bytes:
+    def getxattr(self, inode: int, name: bytes) -> bytes:
         """Extended attribute `name` of `inode`.
 
         The root has ``user.shardfs.requests`` (requests served since the
@@ -780,15 +653,15 @@ class ShardFS(pyfuse3.Operations):
                 return json.dumps(self.stats(), sort_keys=True).encode()
         elif self._split_dir(inode) is None and name in (SHARD_XATTR, OFFSET_XATTR):
             if self._db_object(inode) is not None:
-                raise pyfuse3.FUSEError(pyfuse3.ENOATTR)  # in a database, not a shard
+                raise FUSEError(errno.ENODATA)  # in a database, not a shard
             member, data_offset, _ = self._object(inode)
             if name == SHARD_XATTR:
                 return os.fsencode(member.path)
             return str(data_offset).encode("ascii")
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        raise FUSEError(errno.ENODATA)
 
     @_handler
-    async def listxattr(self, inode: int, ctx: Any = None) -> List[bytes]:
+    def listxattr(self, inode: int) -> List[bytes]:
         """Names of the extended attributes of `inode` (see getxattr)."""
         if inode == ROOT_INODE:
             return [REQUESTS_XATTR, STATS_XATTR]
@@ -798,21 +671,6 @@ class ShardFS(pyfuse3.Operations):
             self._object(inode)
             return [SHARD_XATTR, OFFSET_XATTR]
         return []
-
-    # ------------------------------------------- everything that writes
-
-    setattr = _erofs("setattr")
-    mknod = _erofs("mknod")
-    mkdir = _erofs("mkdir")
-    unlink = _erofs("unlink")
-    rmdir = _erofs("rmdir")
-    symlink = _erofs("symlink")
-    rename = _erofs("rename")
-    link = _erofs("link")
-    create = _erofs("create")
-    write = _erofs("write")
-    setxattr = _erofs("setxattr")
-    removexattr = _erofs("removexattr")
 
 
 def _after(entries: Sequence[_Entry], position: int) -> int:

@@ -11,15 +11,9 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
   a sequence lock (the sequence is odd while the coordinator writes; a
   reader that saw it change retries), so a worker never acts on a torn copy.
 * A **row per worker position** (a replacement worker takes over the row of
-  the one it replaces): requests served by kind, the shard set's lookups
-  and index probes, and the table sequence of the request it is serving (0
-  when idle), which tells the coordinator when a removed shard can no
-  longer get new opens.
-* **Open files per shard and worker position**: a worker adds one when it
-  opens a file of shard N and takes one off when it releases one; OPEN and
-  RELEASE of a file may reach different workers, so only the sum over
-  positions means something. The coordinator closes a removed shard once
-  that sum is 0.
+  the one it replaces): requests served by kind (counted by the C request
+  path of every thread of the worker, atomically), the shard set's lookups
+  and index probes.
 * **A ring of inodes per worker position**, for objects read from a winery
   database (`shardfs.fuse.winery`): such an object has no shard slot to
   name it, so the worker that first answers for it gives it the next
@@ -38,22 +32,17 @@ import mmap
 import time
 from typing import Any, Dict, List, Tuple
 
-#: Request kinds counted per worker, in this order (handler names; anything
-#: else is counted as "other").
+#: Request kinds counted per worker, in this order (the order of enum
+#: ll_kind in shardfs/c/ll.h, where they are counted).
 REQUEST_KINDS = (
     "lookup", "forget", "getattr", "open", "read", "flush", "release", "opendir", "readdir",
     "releasedir", "statfs", "access", "getxattr", "listxattr", "setattr", "mknod", "mkdir",
     "unlink", "rmdir", "symlink", "rename", "link", "create", "write", "setxattr",
-    "removexattr", "other",
+    "removexattr", "ioctl", "other",
 )
-_KIND_INDEX = {kind: i for i, kind in enumerate(REQUEST_KINDS)}
 
 #: Most worker processes a mount may have.
 MAX_WORKERS = 64
-#: Shards (served, or removed with files still open) a mount may hold at
-#: once: a shard's open-file counters are at ``number % MAX_SHARDS``, and
-#: the coordinator never gives out a number whose counters are in use.
-MAX_SHARDS = 1 << 17
 #: Bytes the shard table may take (JSON; ~200 bytes per shard).
 TABLE_BYTES = 64 << 20
 #: Entries of each worker position's inode ring (see the module's
@@ -67,7 +56,7 @@ SEQ = 0
 _TABLE_LEN = 1
 ROW_WORDS = 64
 # Row layout.
-ACTIVE, LOOKUPS, PROBES, RING_NEXT = 1, 2, 3, 4
+LOOKUPS, PROBES, RING_NEXT = 2, 3, 4
 KINDS = 8
 
 
@@ -75,8 +64,8 @@ class SharedState:
     """The shared mapping of one mount for `workers` positions.
 
     Made by the coordinator before forking (the mapping is inherited).
-    Virtual size is about ``8 * (MAX_SHARDS + RING_WORDS * RING_ENTRIES) *
-    workers + TABLE_BYTES`` bytes; only the pages written take memory.
+    Virtual size is about ``8 * RING_WORDS * RING_ENTRIES * workers +
+    TABLE_BYTES`` bytes; only the pages written take memory.
     """
 
     def __init__(self, workers: int) -> None:
@@ -84,8 +73,7 @@ class SharedState:
             raise ValueError(f"workers must be 1..{MAX_WORKERS}")
         self.workers = workers
         self._rows = _HEADER_WORDS
-        self._opens = self._rows + ROW_WORDS * workers
-        self._rings = self._opens + MAX_SHARDS * workers
+        self._rings = self._rows + ROW_WORDS * workers
         self._table = 8 * (self._rings + RING_WORDS * RING_ENTRIES * workers)
         self.mm = mmap.mmap(-1, self._table + TABLE_BYTES)
         self.words = memoryview(self.mm)[: self._table].cast("q")
@@ -134,24 +122,11 @@ class SharedState:
         """Word index of the row of worker `position`."""
         return self._rows + ROW_WORDS * position
 
-    def kind_index(self, kind: str) -> int:
-        """Offset in a row of the counter of request `kind`."""
-        return KINDS + _KIND_INDEX.get(kind, _KIND_INDEX["other"])
-
-    def open_counter(self, number: int, position: int) -> int:
-        """Word index of worker `position`'s open-file count of shard `number`."""
-        return self._opens + (number % MAX_SHARDS) * self.workers + position
-
-    def open_files(self, number: int) -> int:
-        """Files of shard `number` open now, over all workers."""
-        base = self._opens + (number % MAX_SHARDS) * self.workers
-        return sum(self.words[base:base + self.workers])
-
-    def reset_open_files(self, number: int) -> None:
-        """Zero the open-file counts of `number` (its shard is closed)."""
-        base = self._opens + (number % MAX_SHARDS) * self.workers
-        for i in range(base, base + self.workers):
-            self.words[i] = 0
+    def counts(self, position: int) -> memoryview:
+        """The request counters of worker `position` (native int64 words,
+        REQUEST_KINDS order), for the C request path to count in."""
+        base = self.row(position) + KINDS
+        return self.words[base:base + len(REQUEST_KINDS)]
 
     def requests(self) -> Dict[str, int]:
         """Requests served by every worker, by kind (kinds never seen left out)."""
@@ -173,10 +148,6 @@ class SharedState:
         """(lookups, index probes) over every worker."""
         rows = [self.row(p) for p in range(self.workers)]
         return (sum(self.words[r + LOOKUPS] for r in rows), sum(self.words[r + PROBES] for r in rows))
-
-    def busy_with(self, position: int) -> int:
-        """The table sequence worker `position` serves a request under, 0 when idle."""
-        return self.words[self.row(position) + ACTIVE]
 
     # ------------------------------------------------------------- rings
 

@@ -7,24 +7,22 @@ filesystem and the shard set as they were then. A worker:
 1. asks the kernel to end it with its coordinator (``PR_SET_PDEATHSIG``):
    no worker outlives a killed coordinator;
 2. gives itself its own clone of the FUSE device (``FUSE_DEV_IOC_CLONE`` on
-   a fresh ``/dev/fuse``, ``dup2`` over the session's descriptor), so that
-   it reads requests and writes replies on a descriptor of its own: if it
-   dies, the kernel answers the requests it held with an error
-   (ECONNABORTED) instead of leaving their callers waiting for ever, and
-   the other workers keep serving;
-3. runs ``pyfuse3.main`` with one task and no event loop
-   (`shardfs.fuse.inline`): it blocks in ``read(2)`` on its descriptor
-   until the kernel hands it a request, serves it, replies, and reads
-   again. Any worker may take any request; several workers reading the
-   connection at once is where the concurrency comes from. Handlers do
-   their I/O inline (no threads to await).
+   a fresh ``/dev/fuse``, ``dup2`` over the session's descriptor); the
+   threads of its loop clone their own too. If it dies, the kernel answers
+   the requests it held with an error (ECONNABORTED) instead of leaving
+   their callers waiting for ever, and the other workers keep serving;
+3. runs the C request path (``Session.serve``: libfuse's multithreaded
+   loop, the GIL released) until the mount ends. Requests C cannot answer
+   alone call the handlers (`shardfs.fuse.handlers.ShardFS`), one at a
+   time in this process.
 
-Before each request, `WorkerHooks.begin` brings the worker's shard set up to
-date with the table the coordinator publishes (`shardfs.fuse.shared`) when
-its sequence changed: shards added (described: a worker opens a shard when
-it first uses one, by path, and checks that the path still names the file
-the coordinator validated), removed, closed, and sidecars built. The
-worker exits 0 when the session ends (the filesystem was unmounted).
+Before each request that reaches Python, `WorkerHooks.begin` brings the
+worker's shard set up to date with the table the coordinator publishes
+(`shardfs.fuse.shared`) when its sequence changed: shards added
+(described: a worker opens a shard when it first uses one, by path, and
+checks that the path still names the file the coordinator validated),
+removed, closed, and sidecars built. The worker exits 0 when the session
+ends (the filesystem was unmounted).
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from typing import Any, Dict
 
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.fuse.shardset import MountedShard, ShardSet
-from shardfs.fuse.shared import ACTIVE, LOOKUPS, PROBES, SEQ, SharedState
+from shardfs.fuse.shared import LOOKUPS, PROBES, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -71,7 +69,6 @@ class WorkerHooks(RequestHooks):
         self.words = state.words
         self.row = state.row(position)
         self.seen = -1  # the table sequence the shard set matches
-        self._kind_slots: Dict[str, int] = {}
         #: The row's totals when this process took it over (see `start`).
         self.base_lookups = self.base_probes = 0
         #: A winery mount's `shardfs.fuse.winery.WineryView`, which follows
@@ -79,27 +76,15 @@ class WorkerHooks(RequestHooks):
         self.winery: Any = None
 
     def begin(self, kind: str) -> None:
-        words = self.words
-        if words[SEQ] != self.seen:
+        # Requests are counted by the C request path, in this row.
+        if self.words[SEQ] != self.seen:
             self.sync()
-        words[self.row + ACTIVE] = self.seen
-        slot = self._kind_slots.get(kind)
-        if slot is None:
-            slot = self._kind_slots[kind] = self.row + self.state.kind_index(kind)
-        words[slot] += 1
 
     def end(self) -> None:
         words = self.words
         row = self.row
-        words[row + ACTIVE] = 0
         words[row + LOOKUPS] = self.base_lookups + self.shards.lookups
         words[row + PROBES] = self.base_probes + self.shards.probes
-
-    def opened(self, number: int) -> None:
-        self.words[self.state.open_counter(number, self.position)] += 1
-
-    def released(self, number: int) -> None:
-        self.words[self.state.open_counter(number, self.position)] -= 1
 
     def requests(self) -> Dict[str, int]:
         return self.state.requests()
@@ -113,7 +98,6 @@ class WorkerHooks(RequestHooks):
     def start(self) -> None:
         """Take over the row (a replacement keeps counting from the totals
         of the worker it replaces)."""
-        self.words[self.row + ACTIVE] = 0
         self.base_lookups = self.words[self.row + LOOKUPS] - self.shards.lookups
         self.base_probes = self.words[self.row + PROBES] - self.shards.probes
 
@@ -200,10 +184,11 @@ def _die_with(coordinator: int, name: bytes) -> None:
     libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
 
 
-def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordinator: int,
+def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinator: int, threads: int,
         close_fds: "tuple[int, ...]" = ()) -> None:
     """Body of a freshly forked worker; never returns (exits the process:
-    0 when the session ended, 1 on error)."""
+    0 when the session ended, 1 on error). `session` is the mount's
+    `shardfs._shardfs.Session`; `threads` the most threads serving."""
     status = 1
     try:
         _die_with(coordinator, WORKER_NAME)
@@ -217,24 +202,18 @@ def run(fs: ShardFS, state: SharedState, position: int, session_fd: int, coordin
                 os.close(fd)
             except OSError:
                 pass
-        clone_session_fd(session_fd)
+        clone_session_fd(session.fileno())
         hooks = WorkerHooks(fs.shards, state, position, coordinator)
         fs.hooks = hooks
-        fs.shards.in_use = lambda number: state.open_files(number) > 0
         if fs.winery is not None:
             fs.winery.attach(state, position)
             fs.winery.wait_for_table = hooks.wait_for_publish
             hooks.winery = fs.winery
         hooks.start()
         hooks.sync()
-
-        import pyfuse3
-
-        from shardfs.fuse import inline
-
-        log.debug("worker %d (position %d) serving", os.getpid(), position)
-        inline.serve(pyfuse3.main, 1, 1)
-        status = 0
+        log.debug("worker %d (position %d) serving with up to %d threads", os.getpid(), position, threads)
+        rc = session.serve(threads, state.counts(position))
+        status = 0 if rc == 0 else 1
         if fs.winery is not None:
             fs.winery.close()  # this worker's database connections
     except OSError as exc:

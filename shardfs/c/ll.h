@@ -1,0 +1,86 @@
+/*
+ * ll.h — the request path of a mount: libfuse3's low-level API, in C.
+ *
+ * A mount's FUSE connection is served by the Session type of
+ * shardfs._shardfs (py_session.c: mount, INIT, the threads that serve,
+ * the kernel notifications) through the operations of py_ll_ops.c. Each
+ * request is parsed and answered in C, on the thread of libfuse's loop
+ * that read it; what C answers alone (OPEN, OPENDIR, IOCTL, FORGET, every
+ * write, and LOOKUP, GETATTR and READ of objects in shards open in the
+ * process: ll_fast.c) runs with the GIL not held. The rest (listings,
+ * extended attributes, statfs, objects of a winery database, a shard set to
+ * bring up to date) calls the mount's Python handlers
+ * (shardfs.fuse.handlers.ShardFS), one at a time per process.
+ *
+ * Objects are served in the kernel's "no-open" mode: OPEN is answered
+ * ENOSYS, after which the kernel sends no OPEN, FLUSH or RELEASE for the
+ * mount, keeps an object's cached pages between opens, and sends READ with
+ * the inode (file handle 0). A warm open + read + close then costs no
+ * request at all (Linux fs/fuse/file.c, fuse_do_open: fc->no_open).
+ */
+#ifndef SHARDFS_LL_H
+#define SHARDFS_LL_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+#include <pthread.h>
+
+#include "py_module.h"
+
+#pragma GCC visibility push(hidden)
+
+/* Request kinds counted, in the order of shardfs.fuse.shared.REQUEST_KINDS
+ * (the counters of a worker's row in the mount's shared memory). */
+enum ll_kind {
+    LL_LOOKUP, LL_FORGET, LL_GETATTR, LL_OPEN, LL_READ, LL_FLUSH, LL_RELEASE, LL_OPENDIR, LL_READDIR,
+    LL_RELEASEDIR, LL_STATFS, LL_ACCESS, LL_GETXATTR, LL_LISTXATTR, LL_SETATTR, LL_MKNOD, LL_MKDIR,
+    LL_UNLINK, LL_RMDIR, LL_SYMLINK, LL_RENAME, LL_LINK, LL_CREATE, LL_WRITE, LL_SETXATTR,
+    LL_REMOVEXATTR, LL_IOCTL, LL_OTHER, LL_KINDS
+};
+
+struct ll_fast; /* ll_fast.c: the shards C serves alone */
+
+typedef struct {
+    PyObject_HEAD
+    struct fuse_session *se;
+    int mounted;
+    volatile int init_done;   /* the init operation ran (INIT answered) */
+    PyObject *fs;             /* the Python handlers (strong reference) */
+    pthread_mutex_t py_lock;  /* held while a handler runs: one at a time */
+    uid_t uid;
+    gid_t gid;
+    double cache_timeout;     /* seconds the kernel keeps names and attributes */
+    double entry_timeout;     /* seconds it keeps the absence of a name */
+    int64_t *counts;          /* [LL_KINDS] requests served, by kind */
+    int64_t own_counts[LL_KINDS];
+    Py_buffer counts_view;    /* the shared memory `counts` points into, if any */
+    int has_counts_view;
+    struct ll_fast *fast;     /* NULL: every lookup goes to Python */
+} Session;
+
+extern PyTypeObject SessionType, DirBufferType;
+
+/* The operations (py_ll_ops.c); their userdata is the Session. */
+extern const struct fuse_lowlevel_ops ll_ops;
+
+static inline void ll_count(Session *s, enum ll_kind kind)
+{
+    __atomic_fetch_add(&s->counts[kind], 1, __ATOMIC_RELAXED);
+}
+
+/* Attributes of an inode as the handlers describe it: a directory (0555,
+ * 2 links) or an object (0444, 1 link) of `size` bytes, times `time_ns`
+ * nanoseconds since the epoch; owned by the session's uid and gid. */
+void ll_fill_attr(const Session *s, struct stat *st, uint64_t ino, int is_dir, uint64_t size, int64_t time_ns);
+
+/* ll_fast.c: LOOKUP, GETATTR and READ answered without Python. Each
+ * returns 1 when it replied, 0 when the request must go to Python (a shard
+ * not open in this process, a winery mount, a shard table to apply). */
+int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *name);
+int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino);
+int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
+void ll_fast_free(struct ll_fast *fast);
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,330 @@
+/*
+ * py_session.c — the Session type of shardfs._shardfs: one mount's FUSE
+ * session on libfuse3's low-level API (ll.h).
+ *
+ * Its life, driven by shardfs.fuse.coordinator and shardfs.fuse.worker:
+ * Session(fs, mountpoint, options, ...) mounts; answer_init() processes the
+ * kernel's INIT request and nothing else (libfuse answers EIO to any
+ * request of a session that has not seen INIT, so the worker processes are
+ * forked after it); in each worker, serve() runs libfuse's multithreaded
+ * loop, each thread on its own clone of /dev/fuse (clone_fd), with the GIL
+ * released, until the mount ends; the coordinator writes the kernel
+ * notifications (invalidate_entry, invalidate_inode) and unmount()s.
+ */
+#include "ll.h"
+
+#include <poll.h>
+#include <time.h>
+
+static void Session_release(Session *self)
+{
+    if (self->se) {
+        if (self->mounted)
+            fuse_session_unmount(self->se);
+        self->mounted = 0;
+        fuse_session_destroy(self->se);
+        self->se = NULL;
+    }
+}
+
+static void Session_dealloc(Session *self)
+{
+    Session_release(self);
+    if (self->has_counts_view)
+        PyBuffer_Release(&self->counts_view);
+    ll_fast_free(self->fast);
+    pthread_mutex_destroy(&self->py_lock);
+    Py_XDECREF(self->fs);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Session *self = (Session *)type->tp_alloc(type, 0);
+    if (self) {
+        pthread_mutex_init(&self->py_lock, NULL);
+        self->counts = self->own_counts;
+    }
+    return (PyObject *)self;
+}
+
+/* Session(fs, mountpoint, options, uid, gid, cache_timeout, entry_timeout):
+ * mount `mountpoint` (str) with libfuse's mount `options` (a list of str,
+ * e.g. "ro", "fsname=x", "allow_other"), requests to be answered by the
+ * handlers `fs`; attributes owned by uid:gid, cached `cache_timeout`
+ * seconds, absent names `entry_timeout` seconds. Raises RuntimeError when
+ * libfuse refuses the options or the mount (it says why on stderr). */
+static int Session_init(Session *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"fs", "mountpoint", "options", "uid", "gid", "cache_timeout", "entry_timeout", NULL};
+    PyObject *fs, *options, *mp;
+    unsigned int uid, gid;
+    double cache_timeout, entry_timeout;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO&OIIdd:Session", kwlist, &fs, PyUnicode_FSConverter, &mp,
+                                     &options, &uid, &gid, &cache_timeout, &entry_timeout))
+        return -1;
+    if (self->se) {
+        Py_DECREF(mp);
+        PyErr_SetString(PyExc_RuntimeError, "Session already initialized");
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(options, "options must be a sequence of str");
+    if (!seq) {
+        Py_DECREF(mp);
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char **argv = PyMem_Calloc((size_t)(2 * n + 2), sizeof(char *));
+    PyObject **keep = PyMem_Calloc((size_t)(n + 1), sizeof(PyObject *));
+    int rc = -1, argc = 0;
+    if (!argv || !keep) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    argv[argc++] = "shardfs";
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, i), &keep[i]))
+            goto out;
+        argv[argc++] = "-o";
+        argv[argc++] = PyBytes_AS_STRING(keep[i]);
+    }
+    struct fuse_args fargs = FUSE_ARGS_INIT(argc, argv);
+    self->uid = uid;
+    self->gid = gid;
+    self->cache_timeout = cache_timeout;
+    self->entry_timeout = entry_timeout;
+    Py_INCREF(fs);
+    Py_XSETREF(self->fs, fs);
+    self->se = fuse_session_new(&fargs, &ll_ops, sizeof(ll_ops), self);
+    fuse_opt_free_args(&fargs);
+    if (!self->se) {
+        PyErr_SetString(PyExc_RuntimeError, "libfuse refused the options");
+        goto out;
+    }
+    int mrc;
+    Py_BEGIN_ALLOW_THREADS
+    mrc = fuse_session_mount(self->se, PyBytes_AS_STRING(mp));
+    Py_END_ALLOW_THREADS
+    if (mrc != 0) {
+        fuse_session_destroy(self->se);
+        self->se = NULL;
+        PyErr_SetString(PyExc_RuntimeError, "libfuse could not mount");
+        goto out;
+    }
+    self->mounted = 1;
+    rc = 0;
+out:
+    for (Py_ssize_t i = 0; keep && i < n; i++)
+        Py_XDECREF(keep[i]);
+    PyMem_Free(keep);
+    PyMem_Free(argv);
+    Py_DECREF(seq);
+    Py_DECREF(mp);
+    return rc;
+}
+
+static int session_ready(Session *self)
+{
+    if (!self->se) {
+        PyErr_SetString(PyExc_ValueError, "the session is closed");
+        return 0;
+    }
+    return 1;
+}
+
+/* fileno() -> the session's /dev/fuse descriptor. */
+static PyObject *Session_fileno(Session *self, PyObject *unused)
+{
+    if (!session_ready(self))
+        return NULL;
+    return PyLong_FromLong(fuse_session_fd(self->se));
+}
+
+/* answer_init(timeout) -> bool: process the kernel's requests until INIT
+ * was answered, at most `timeout` seconds; nothing after it is read (the
+ * next requests wait in the kernel for the workers). False on timeout.
+ * Raises OSError when the device fails. */
+static PyObject *Session_answer_init(Session *self, PyObject *arg)
+{
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!session_ready(self))
+        return NULL;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct fuse_buf buf = {.mem = NULL};
+    int err = 0;
+    while (!self->init_done) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double left = timeout - ((double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) / 1e9);
+        if (left <= 0)
+            break;
+        struct pollfd p = {.fd = fuse_session_fd(self->se), .events = POLLIN};
+        int n;
+        Py_BEGIN_ALLOW_THREADS
+        n = poll(&p, 1, (int)(left * 1000) + 1);
+        Py_END_ALLOW_THREADS
+        if (n < 0 && errno == EINTR) {
+            if (PyErr_CheckSignals() < 0)
+                goto fail;
+            continue;
+        }
+        if (n < 0) {
+            err = errno;
+            break;
+        }
+        if (n == 0)
+            continue;
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = fuse_session_receive_buf(self->se, &buf);
+        if (r > 0)
+            fuse_session_process_buf(self->se, &buf);
+        Py_END_ALLOW_THREADS
+        if (r < 0 && r != -EINTR && r != -EAGAIN) {
+            err = -r;
+            break;
+        }
+    }
+    free(buf.mem);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong(self->init_done);
+fail:
+    free(buf.mem);
+    return NULL;
+}
+
+/* serve(threads, counts=None) -> int: serve requests until the mount
+ * ends, with at most `threads` threads (started as requests wait for
+ * one), each reading its own clone of the device; the GIL is released.
+ * `counts`: a writable buffer of at least LL_KINDS native int64 words where
+ * requests are counted by kind (shared memory), else the session's own.
+ * Returns libfuse's status (0: unmounted). */
+static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"threads", "counts", NULL};
+    int threads;
+    PyObject *counts = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:serve", kwlist, &threads, &counts))
+        return NULL;
+    if (!session_ready(self))
+        return NULL;
+    if (threads < 1 || threads > 1024) {
+        PyErr_SetString(PyExc_ValueError, "threads must be 1..1024");
+        return NULL;
+    }
+    if (counts != Py_None) {
+        if (self->has_counts_view) {
+            PyErr_SetString(PyExc_RuntimeError, "serve() already called");
+            return NULL;
+        }
+        if (PyObject_GetBuffer(counts, &self->counts_view, PyBUF_WRITABLE) < 0)
+            return NULL;
+        if ((size_t)self->counts_view.len < LL_KINDS * sizeof(int64_t) ||
+            ((uintptr_t)self->counts_view.buf % sizeof(int64_t))) {
+            PyBuffer_Release(&self->counts_view);
+            PyErr_SetString(PyExc_ValueError, "counts: an aligned buffer of LL_KINDS int64 words");
+            return NULL;
+        }
+        self->has_counts_view = 1;
+        self->counts = self->counts_view.buf;
+    }
+    struct fuse_loop_config *cfg = fuse_loop_cfg_create();
+    if (!cfg)
+        return PyErr_NoMemory();
+    fuse_loop_cfg_set_clone_fd(cfg, 1);
+    fuse_loop_cfg_set_max_threads(cfg, (unsigned)threads);
+    fuse_loop_cfg_set_idle_threads(cfg, (unsigned)threads);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fuse_session_loop_mt(self->se, cfg);
+    Py_END_ALLOW_THREADS
+    fuse_loop_cfg_destroy(cfg);
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *notify_result(int rc)
+{
+    if (rc == 0 || rc == -ENOENT) /* ENOENT: the kernel does not know it: nothing to drop */
+        Py_RETURN_NONE;
+    errno = -rc;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+/* invalidate_entry(parent, name: bytes): make the kernel forget the name
+ * `name` in directory `parent` (looked up again when next used). Raises
+ * OSError on failure; a name the kernel does not know is no failure. */
+static PyObject *Session_invalidate_entry(Session *self, PyObject *args)
+{
+    unsigned long long parent;
+    const char *name;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "Ky#:invalidate_entry", &parent, &name, &len) || !session_ready(self))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fuse_lowlevel_notify_inval_entry(self->se, parent, name, (size_t)len);
+    Py_END_ALLOW_THREADS
+    return notify_result(rc);
+}
+
+/* invalidate_inode(ino): drop the kernel's cached attributes and pages of
+ * inode `ino`. Raises OSError on failure (an unknown inode is none). */
+static PyObject *Session_invalidate_inode(Session *self, PyObject *arg)
+{
+    unsigned long long ino = PyLong_AsUnsignedLongLong(arg);
+    if ((ino == (unsigned long long)-1 && PyErr_Occurred()) || !session_ready(self))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fuse_lowlevel_notify_inval_inode(self->se, ino, 0, 0);
+    Py_END_ALLOW_THREADS
+    return notify_result(rc);
+}
+
+/* unmount(): unmount (lazily, as libfuse does) and end the session; once. */
+static PyObject *Session_unmount(Session *self, PyObject *unused)
+{
+    Session_release(self);
+    Py_RETURN_NONE;
+}
+
+/* counts() -> the LL_KINDS request counters, in REQUEST_KINDS order. */
+static PyObject *Session_counts(Session *self, PyObject *unused)
+{
+    PyObject *out = PyList_New(LL_KINDS);
+    for (int i = 0; out && i < LL_KINDS; i++)
+        PyList_SET_ITEM(out, i, PyLong_FromLongLong(__atomic_load_n(&self->counts[i], __ATOMIC_RELAXED)));
+    return out;
+}
+
+static PyMethodDef Session_methods[] = {
+    {"fileno", (PyCFunction)Session_fileno, METH_NOARGS, "fileno() -> the session's /dev/fuse descriptor."},
+    {"answer_init", (PyCFunction)Session_answer_init, METH_O,
+     "answer_init(timeout) -> bool: answer the kernel's INIT request and nothing else."},
+    {"serve", (PyCFunction)(void (*)(void))Session_serve, METH_VARARGS | METH_KEYWORDS,
+     "serve(threads, counts=None) -> int: serve requests until unmounted (GIL released)."},
+    {"invalidate_entry", (PyCFunction)Session_invalidate_entry, METH_VARARGS,
+     "invalidate_entry(parent, name): the kernel forgets a name."},
+    {"invalidate_inode", (PyCFunction)Session_invalidate_inode, METH_O,
+     "invalidate_inode(ino): the kernel drops an inode's attributes and pages."},
+    {"unmount", (PyCFunction)Session_unmount, METH_NOARGS, "unmount(): unmount and end the session."},
+    {"counts", (PyCFunction)Session_counts, METH_NOARGS, "counts() -> requests served, by kind."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject SessionType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs._shardfs.Session",
+    .tp_basicsize = sizeof(Session),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A mount's FUSE session on libfuse3's low-level API (see ll.h).",
+    .tp_new = Session_new,
+    .tp_init = (initproc)Session_init,
+    .tp_dealloc = (destructor)Session_dealloc,
+    .tp_methods = Session_methods,
+};

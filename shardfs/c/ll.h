@@ -55,7 +55,8 @@ typedef struct {
     int64_t own_counts[LL_KINDS];
     Py_buffer counts_view;    /* the shared memory `counts` points into, if any */
     int has_counts_view;
-    struct ll_fast *fast;     /* NULL: every lookup goes to Python */
+    Py_buffer seq_view, stats_view; /* shared memory read by ll_fast.c (obj NULL: none) */
+    struct ll_fast *fast;     /* NULL until serve(): every request goes to Python */
 } Session;
 
 extern PyTypeObject SessionType, DirBufferType;
@@ -79,7 +80,18 @@ void ll_fill_attr(const Session *s, struct stat *st, uint64_t ino, int is_dir, u
 int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *name);
 int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino);
 int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
+
+/* A fast path reading the published table sequence at `seq` (NULL: none
+ * to follow) and counting lookups and index probes in stats[0], stats[1]
+ * (NULL: its own). Returns NULL with MemoryError set. Under the GIL. */
+struct ll_fast *ll_fast_new(const volatile int64_t *seq, int64_t *stats);
 void ll_fast_free(struct ll_fast *fast);
+/* Take the handlers' state again (fs.fast_state()): under the GIL and the
+ * write lock. */
+void ll_fast_refresh(struct ll_fast *fast, PyObject *fs);
+/* The table lock: held for writing while a handler runs (NULL: no-op). */
+void ll_fast_write_lock(struct ll_fast *fast);
+void ll_fast_write_unlock(struct ll_fast *fast);
 
 #pragma GCC visibility pop
 

@@ -142,34 +142,6 @@ static int collect_candidates(PyObject *levels, PyObject *maps, PyObject *filter
 
 /* ---------------------------------------------------------------- OpenShards */
 
-/* The served shards a set holds open, by shard number: for each, its Reader
- * and the caller's object for it (the mount's MountedShard), so that a key
- * is found over thousands of shards in one call that touches no Python
- * object but the few candidates' (find). Entries are a dense array indexed
- * by number, grown on demand up to OPEN_SHARDS_MAX_NUMBER (a number beyond
- * is never held: find reports it as not open). `used` marks the entries
- * find probed since `touched` last asked (the caller's recency order: a
- * second chance for the least recently used). For use under the GIL. */
-#define OPEN_SHARDS_MAX_NUMBER (1 << 24)
-
-typedef struct {
-    sfs_shard_t *shard; /* reader->shard, kept open while held (Reader.users) */
-    Reader *reader;     /* strong reference, or NULL */
-    PyObject *member;   /* strong reference, or NULL */
-} open_entry_t;
-
-typedef struct {
-    PyObject_HEAD
-    open_entry_t *entries;
-    unsigned char *used;
-    Py_ssize_t cap, count;
-    unsigned long long probes;
-    /* finds probing with the GIL released: entries let go meanwhile are
-     * parked in `parked` (a list of (reader, member)), released after */
-    Py_ssize_t busy;
-    PyObject *parked;
-} OpenShards;
-
 /* Empty entry e. Its reader is let go now, or, while a find probes
  * without the GIL (it may be reading that shard's mapping), parked still
  * held until the probe ends (release_parked). */

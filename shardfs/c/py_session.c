@@ -30,9 +30,13 @@ static void Session_release(Session *self)
 static void Session_dealloc(Session *self)
 {
     Session_release(self);
+    ll_fast_free(self->fast);
     if (self->has_counts_view)
         PyBuffer_Release(&self->counts_view);
-    ll_fast_free(self->fast);
+    if (self->seq_view.obj)
+        PyBuffer_Release(&self->seq_view);
+    if (self->stats_view.obj)
+        PyBuffer_Release(&self->stats_view);
     pthread_mutex_destroy(&self->py_lock);
     Py_XDECREF(self->fs);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -199,18 +203,35 @@ fail:
     return NULL;
 }
 
-/* serve(threads, counts=None) -> int: serve requests until the mount
- * ends, with at most `threads` threads (started as requests wait for
- * one), each reading its own clone of the device; the GIL is released.
- * `counts`: a writable buffer of at least LL_KINDS native int64 words where
+/* A writable, aligned buffer of at least `words` native int64 words, in
+ * `view`. Returns 0, or -1 with an exception set. */
+static int words_buffer(PyObject *obj, Py_buffer *view, size_t words, const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE) < 0)
+        return -1;
+    if ((size_t)view->len < words * sizeof(int64_t) || ((uintptr_t)view->buf % sizeof(int64_t))) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s: an aligned writable buffer of %zu int64 words", what, words);
+        return -1;
+    }
+    return 0;
+}
+
+/* serve(threads, counts=None, seq=None, stats=None) -> int: serve
+ * requests until the mount ends, with at most `threads` threads (started
+ * as requests wait for one), each reading its own clone of the device;
+ * the GIL is released. `counts`: LL_KINDS native int64 words where
  * requests are counted by kind (shared memory), else the session's own.
- * Returns libfuse's status (0: unmounted). */
+ * `seq`: the word where the coordinator publishes its shard table's
+ * sequence (requests go to the handlers until they applied it); `stats`:
+ * two words counting the lookups and index probes answered in C. Returns
+ * libfuse's status (0: unmounted). */
 static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"threads", "counts", NULL};
+    static char *kwlist[] = {"threads", "counts", "seq", "stats", NULL};
     int threads;
-    PyObject *counts = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:serve", kwlist, &threads, &counts))
+    PyObject *counts = Py_None, *seq = Py_None, *stats = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOO:serve", kwlist, &threads, &counts, &seq, &stats))
         return NULL;
     if (!session_ready(self))
         return NULL;
@@ -218,22 +239,25 @@ static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "threads must be 1..1024");
         return NULL;
     }
+    if (self->has_counts_view || self->fast) {
+        PyErr_SetString(PyExc_RuntimeError, "serve() already called");
+        return NULL;
+    }
     if (counts != Py_None) {
-        if (self->has_counts_view) {
-            PyErr_SetString(PyExc_RuntimeError, "serve() already called");
+        if (words_buffer(counts, &self->counts_view, LL_KINDS, "counts") < 0)
             return NULL;
-        }
-        if (PyObject_GetBuffer(counts, &self->counts_view, PyBUF_WRITABLE) < 0)
-            return NULL;
-        if ((size_t)self->counts_view.len < LL_KINDS * sizeof(int64_t) ||
-            ((uintptr_t)self->counts_view.buf % sizeof(int64_t))) {
-            PyBuffer_Release(&self->counts_view);
-            PyErr_SetString(PyExc_ValueError, "counts: an aligned buffer of LL_KINDS int64 words");
-            return NULL;
-        }
         self->has_counts_view = 1;
         self->counts = self->counts_view.buf;
     }
+    if (seq != Py_None && words_buffer(seq, &self->seq_view, 1, "seq") < 0)
+        return NULL;
+    if (stats != Py_None && words_buffer(stats, &self->stats_view, 2, "stats") < 0)
+        return NULL;
+    self->fast = ll_fast_new(self->seq_view.obj ? self->seq_view.buf : NULL,
+                             self->stats_view.obj ? self->stats_view.buf : NULL);
+    if (!self->fast)
+        return NULL;
+    ll_fast_refresh(self->fast, self->fs);
     struct fuse_loop_config *cfg = fuse_loop_cfg_create();
     if (!cfg)
         return PyErr_NoMemory();

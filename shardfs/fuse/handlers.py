@@ -49,6 +49,7 @@ and answered with EIO.
 
 from __future__ import annotations
 
+import array
 import collections
 import errno
 import functools
@@ -254,10 +255,43 @@ class ShardFS:
         self._dir_time_ns = _ns(max(mtimes) if mtimes else time.time())
         #: (directory inode, position, shard set version) -> entries.
         self._listings = _Cache(LISTING_CACHE_SIZE)
+        #: (what it was made from, the tuple): see `fast_state`.
+        self._fast: Tuple[Any, Any] = (None, None)
 
     def close(self) -> None:
         """Drop what the filesystem caches itself (the set is the caller's)."""
         self._listings.clear()
+        self._fast = (None, None)
+
+    def fast_state(self) -> Any:
+        """What the C request path needs to answer LOOKUP, GETATTR and READ
+        without calling the handlers (``shardfs/c/ll_fast.c``), taken again
+        after every handler: None in a winery mount (every request comes
+        here: hidden keys, objects only in the database), else (the
+        `OpenShards` of the set, its `SidecarSet` of filters or None, the
+        global index levels, their maps from a level's shard index to a
+        shard number, an ``array('q')`` of each shard number's mtime in ns
+        (-1: not served), the cumulative hex prefix length of each fan-out
+        level, the directories' mtime in ns, the shard table sequence the
+        set matches). The same tuple is returned while none of it changed,
+        so that the C side rebuilds nothing."""
+        if self.winery is not None:
+            return None
+        shards = self.shards
+        levels, maps = shards.index.lookup_args if shards.index is not None else ((), ())
+        made_of = (shards.version, levels, maps, getattr(self.hooks, "seen", 0))
+        old, state = self._fast
+        if old is not None and old[0] == made_of[0] and old[1] is levels and old[2] is maps \
+                and old[3] == made_of[3]:
+            return state
+        mtimes = array.array("q", [-1]) * (max(shards.shards, default=-1) + 1)
+        for member in shards.served():
+            mtimes[member.number] = _ns(member.mtime)
+        prefixes = tuple(self.layout.prefix_len(d) for d in range(1, self.layout.depth + 1))
+        state = (shards.open_table, shards.filters if len(shards.filters) else None, levels, maps, mtimes,
+                 prefixes, self._dir_time_ns, made_of[3])
+        self._fast = (made_of, state)
+        return state
 
     # ------------------------------------------------------------ helpers
 

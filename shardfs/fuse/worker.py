@@ -69,8 +69,8 @@ class WorkerHooks(RequestHooks):
         self.words = state.words
         self.row = state.row(position)
         self.seen = -1  # the table sequence the shard set matches
-        #: The row's totals when this process took it over (see `start`).
-        self.base_lookups = self.base_probes = 0
+        #: The shard set's lookups and probes already added to the row.
+        self.last_lookups = self.last_probes = 0
         #: A winery mount's `shardfs.fuse.winery.WineryView`, which follows
         #: the table's "winery" part.
         self.winery: Any = None
@@ -81,10 +81,14 @@ class WorkerHooks(RequestHooks):
             self.sync()
 
     def end(self) -> None:
+        # The row also counts the lookups the C request path answers
+        # alone: add what the shard set counted since the last request.
         words = self.words
         row = self.row
-        words[row + LOOKUPS] = self.base_lookups + self.shards.lookups
-        words[row + PROBES] = self.base_probes + self.shards.probes
+        lookups, probes = self.shards.lookups, self.shards.probes
+        words[row + LOOKUPS] += lookups - self.last_lookups
+        words[row + PROBES] += probes - self.last_probes
+        self.last_lookups, self.last_probes = lookups, probes
 
     def requests(self) -> Dict[str, int]:
         return self.state.requests()
@@ -97,9 +101,9 @@ class WorkerHooks(RequestHooks):
 
     def start(self) -> None:
         """Take over the row (a replacement keeps counting from the totals
-        of the worker it replaces)."""
-        self.base_lookups = self.words[self.row + LOOKUPS] - self.shards.lookups
-        self.base_probes = self.words[self.row + PROBES] - self.shards.probes
+        of the worker it replaces: only what its shard set counts from now
+        on is added)."""
+        self.last_lookups, self.last_probes = self.shards.lookups, self.shards.probes
 
     def wait_for_publish(self, timeout: float) -> bool:
         """Wait at most `timeout` seconds for the coordinator to publish a
@@ -212,7 +216,9 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
         hooks.start()
         hooks.sync()
         log.debug("worker %d (position %d) serving with up to %d threads", os.getpid(), position, threads)
-        rc = session.serve(threads, state.counts(position))
+        row = state.row(position)
+        rc = session.serve(threads, counts=state.counts(position), seq=state.words[SEQ:SEQ + 1],
+                           stats=state.words[row + LOOKUPS:row + PROBES + 1])
         status = 0 if rc == 0 else 1
         if fs.winery is not None:
             fs.winery.close()  # this worker's database connections

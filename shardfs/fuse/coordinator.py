@@ -13,8 +13,10 @@ what must be decided in one place:
   directories of the shards named at mount, and SIGHUP: new shards are
   served, vanished ones removed, a shard replaced in place (renamed over)
   is served from the new file while files opened on the old one keep
-  reading it for `REMOVED_READ_SECONDS` (objects are served in no-open
-  mode: the mount is not told when a file is closed), then it is closed.
+  reading it; the old one is closed once no process has a file open on it
+  (objects are served in no-open mode, so the mount is not told when a
+  file is opened or closed: `open_object_inodes` looks at every process's
+  open files instead).
 * **Takedowns.** When a served shard file is written (``shardfs delete``
   works in place), its sidecar's slots are checked against the index and
   the inode of every object deleted since is invalidated in the kernel
@@ -64,7 +66,7 @@ from shardfs import sidecar as sidecar_mod
 from shardfs.errors import ShardError
 from shardfs.fuse import worker as worker_mod
 from shardfs.fuse.handlers import ShardFS
-from shardfs.fuse.layout import object_inode
+from shardfs.fuse.layout import DB_INODE_FLAG, OBJECT_SHIFT, object_inode
 from shardfs.fuse.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
 from shardfs.fuse.shared import SharedState
 
@@ -74,10 +76,8 @@ log = logging.getLogger("shardfs.fuse")
 READY_TIMEOUT = 10.0
 #: Seconds file events are left to settle before a rescan.
 SETTLE_SECONDS = 0.2
-#: Seconds a removed shard stays readable through the files opened on it
-#: before (objects are served in no-open mode: the mount is not told when
-#: a file is closed), then it is closed.
-REMOVED_READ_SECONDS = 30.0
+#: Seconds after its removal before a shard with no open file is closed.
+CLOSE_GRACE = 1.0
 #: Most threads serving in each worker process (started as requests wait:
 #: reads that wait for the device do not stall the others).
 WORKER_THREADS = 4
@@ -135,6 +135,47 @@ def index_batches(members: Sequence[MountedShard]) -> "Iterator[List[MountedShar
         yield batch
 
 
+def mount_id(mountpoint: str) -> Optional[int]:
+    """The mount ID (/proc/self/mountinfo's first field, fdinfo's mnt_id)
+    of the filesystem mounted last on `mountpoint`, None if none is."""
+    found = None
+    target = os.path.abspath(mountpoint)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4].replace("\\040", " ") == target:
+                found = int(fields[0])
+    return found
+
+
+def open_object_inodes(mnt_id: int) -> Set[int]:
+    """Inodes of the files open on mount `mnt_id` in any process this one
+    may look at (every one, for root): read from /proc/PID/fdinfo/N (its
+    mnt_id and ino lines), without touching the files themselves."""
+    inodes: Set[int] = set()
+    want = b"mnt_id:\t%d\n" % mnt_id
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        fdinfo = f"/proc/{pid}/fdinfo"
+        try:
+            fds = os.listdir(fdinfo)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                with open(f"{fdinfo}/{fd}", "rb") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if want not in text:
+                continue
+            at = text.find(b"\nino:\t")
+            if at >= 0:
+                inodes.add(int(text[at + 6:text.index(b"\n", at + 6)]))
+    return inodes
+
+
 class Coordinator:
     """Serve `fs` (whose shard set it owns from now on) on `mountpoint`
     with `workers` worker processes; see the module's docstring.
@@ -167,6 +208,8 @@ class Coordinator:
         self._builder: Optional[dict] = None  # the sidecar builder: see _start_builder
         self._poller = select.poll()
         self._removed_at: Dict[int, float] = {}  # number -> monotonic time of the removal
+        self._close_check_at = 0.0
+        self._mnt_id: Optional[int] = None
         self._deleted: Dict[int, Set[int]] = {}  # number -> slots found deleted
         self._signals: List[int] = []
         self._wakeup = (-1, -1)
@@ -638,12 +681,26 @@ class Coordinator:
 
     # ----------------------------------------------------- shard lifetime
 
+    def _shards_with_open_files(self) -> Set[int]:
+        """Numbers of the shards some process has an object file open on
+        (every shard held, if the mount's ID cannot be found)."""
+        if self._mnt_id is None:
+            self._mnt_id = mount_id(self.mountpoint)
+            if self._mnt_id is None:
+                return set(self._removed_at)
+        return {(inode >> OBJECT_SHIFT) - 1 for inode in open_object_inodes(self._mnt_id)
+                if inode >> OBJECT_SHIFT and not inode & DB_INODE_FLAG}
+
     def _close_unused(self) -> None:
-        """Close removed shards REMOVED_READ_SECONDS after their removal,
-        once their names are invalidated."""
+        """Close removed shards on which no process has a file open, once
+        their names are invalidated (at most once per CLOSE_GRACE)."""
         if not self._removed_at:
             return
         now = time.monotonic()
+        if now < self._close_check_at:
+            return
+        self._close_check_at = now + CLOSE_GRACE
+        open_shards: Optional[Set[int]] = None
         closed = False
         forgetting = {item[0].number for item in self._forget}
         for number, when in list(self._removed_at.items()):
@@ -653,13 +710,17 @@ class Coordinator:
                 continue
             if number in forgetting:
                 continue
-            if now - when < REMOVED_READ_SECONDS:
+            if now - when < CLOSE_GRACE:
+                continue
+            if open_shards is None:
+                open_shards = self._shards_with_open_files()
+            if number in open_shards:
                 continue
             del self._removed_at[number]
             self._deleted.pop(number, None)
             self.shards.discard(member)
             closed = True
-            log.info("shard %s (number %d) closed", member.path, number)
+            log.info("shard %s (number %d) closed: no file open on it", member.path, number)
         if closed:
             self._publish()
 

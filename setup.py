@@ -28,10 +28,10 @@ extension = Extension(
     # py_*.c file per type (py_module.h).
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
              "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c",
-             "shardfs/c/guard.c", "shardfs/c/ll_fast.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
+             "shardfs/c/guard.c", "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
              "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h",
-             "shardfs/c/py_module.h", "shardfs/c/ll.h"],
+             "shardfs/c/py_module.h", "shardfs/c/ll.h", "shardfs/c/ll_names.h"],
     include_dirs=["shardfs/c"] + [f[2:] for f in cflags],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     extra_link_args=libs,

@@ -24,16 +24,13 @@
  * fan-out directories).
  */
 #include "ll.h"
+#include "ll_names.h"
 
 #include <stdlib.h>
 
-#define FAST_MAX_DEPTH 8
-#define OBJECT_SHIFT 32
-#define DB_INODE_FLAG (UINT64_C(1) << 62)
-#define ROOT_INODE 1
-#define DIR_INODE_BASE 2
+/* Bytes of an object read ahead when it is looked up: the READ that
+ * follows asks for up to 128 KiB of it. */
 #define PREFETCH_BYTES (128 * 1024)
-#define KEY_HEX (2 * SFS_KEY_SIZE)
 
 struct ll_fast {
     pthread_rwlock_t lock;
@@ -46,9 +43,7 @@ struct ll_fast {
     Py_buffer *views;         /* [nlevels] maps, then [nlevels] mtimes */
     const int64_t *mtimes;    /* [nmtimes]: shard number -> mtime in ns, -1 when not served */
     size_t nmtimes;
-    int depth;                /* fan-out levels (0: flat) */
-    int nhex[FAST_MAX_DEPTH + 1];       /* hex digits a directory at depth d spells */
-    uint64_t bases[FAST_MAX_DEPTH + 1]; /* first inode of depth d (layout.py) */
+    sfs_ll_layout_t layout;
     int64_t dir_time_ns;
     int64_t applied;          /* the shard table sequence the handlers applied */
     const volatile int64_t *seq; /* the published sequence (shared memory), or NULL */
@@ -146,7 +141,7 @@ void ll_fast_refresh(struct ll_fast *f, PyObject *fs)
                           &PyTuple_Type, &maps, &mtimes, &PyTuple_Type, &prefixes, &dir_time_ns, &applied))
         goto fail;
     Py_ssize_t n = PyTuple_GET_SIZE(levels), depth = PyTuple_GET_SIZE(prefixes);
-    if (PyTuple_GET_SIZE(maps) != n || depth > FAST_MAX_DEPTH) {
+    if (PyTuple_GET_SIZE(maps) != n || depth > SFS_LL_MAX_DEPTH) {
         PyErr_SetString(PyExc_ValueError, "fast_state(): levels and maps differ, or too deep a layout");
         goto fail;
     }
@@ -175,19 +170,15 @@ void ll_fast_refresh(struct ll_fast *f, PyObject *fs)
         goto fail;
     f->mtimes = f->views[n].buf;
     f->nmtimes = (size_t)f->views[n].len / sizeof(int64_t);
-    f->depth = (int)depth;
-    f->nhex[0] = 0;
-    f->bases[1] = DIR_INODE_BASE;
-    for (int d = 1; d <= f->depth; d++) {
-        long v = PyLong_AsLong(PyTuple_GET_ITEM(prefixes, d - 1));
-        if (v <= f->nhex[d - 1] || v > 7) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "fast_state(): prefix lengths grow, 1..7 hex digits");
+    int nhex[SFS_LL_MAX_DEPTH];
+    for (Py_ssize_t d = 0; d < depth; d++) {
+        nhex[d] = _PyLong_AsInt(PyTuple_GET_ITEM(prefixes, d));
+        if (nhex[d] == -1 && PyErr_Occurred())
             goto fail;
-        }
-        f->nhex[d] = (int)v;
-        if (d > 1)
-            f->bases[d] = f->bases[d - 1] + (UINT64_C(1) << (4 * f->nhex[d - 1]));
+    }
+    if (sfs_ll_layout_init(&f->layout, nhex, (int)depth) < 0) {
+        PyErr_SetString(PyExc_ValueError, "fast_state(): prefix lengths must grow, 1..7 hex digits");
+        goto fail;
     }
     f->open = (OpenShards *)open;
     f->filters = filters == Py_None ? NULL : (SidecarSet *)filters;
@@ -325,37 +316,10 @@ static int fast_candidates(struct ll_fast *f, const uint8_t key[SFS_KEY_SIZE], i
     return 0;
 }
 
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    return -1;
-}
-
-/* The depth and prefix of directory inode `ino`, or -1 when it is none. */
-static int fast_split_dir(const struct ll_fast *f, uint64_t ino, uint64_t *prefix)
-{
-    if (ino == ROOT_INODE) {
-        *prefix = 0;
-        return 0;
-    }
-    if (ino < DIR_INODE_BASE || ino >> OBJECT_SHIFT)
-        return -1;
-    for (int d = 1; d <= f->depth; d++) {
-        if (ino >= f->bases[d] && ino < f->bases[d] + (UINT64_C(1) << (4 * f->nhex[d]))) {
-            *prefix = ino - f->bases[d];
-            return d;
-        }
-    }
-    return -1;
-}
-
 int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct ll_fast *f = s->fast;
-    if (strnlen(name, KEY_HEX + 1) != KEY_HEX || !fast_begin(f))
+    if (strnlen(name, SFS_LL_NAME_SIZE + 1) != SFS_LL_NAME_SIZE || !fast_begin(f))
         return 0;
     int replied = 0;
     struct fuse_entry_param e;
@@ -363,26 +327,10 @@ int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *na
     e.entry_timeout = e.attr_timeout = s->entry_timeout; /* negative unless found */
     uint8_t key[SFS_KEY_SIZE];
     uint64_t prefix = 0;
-    int depth = fast_split_dir(f, parent, &prefix);
+    int depth = sfs_ll_split_dir(&f->layout, parent, &prefix);
     if (depth < 0)
         goto out; /* not a directory: the handlers say ENOTDIR */
-    int ok = 1;
-    for (int i = 0; i < SFS_KEY_SIZE; i++) {
-        int hi = hexval(name[2 * i]), lo = hexval(name[2 * i + 1]);
-        if (hi < 0 || lo < 0) {
-            ok = 0;
-            break;
-        }
-        key[i] = (uint8_t)(hi << 4 | lo);
-    }
-    if (ok && depth) {
-        /* objects live at the root or in a leaf whose prefix they start with */
-        uint64_t have = 0;
-        for (int j = 0; j < f->nhex[depth]; j++)
-            have = have << 4 | (uint64_t)hexval(name[j]);
-        ok = depth == f->depth && have == prefix;
-    }
-    if (!ok) {
+    if (sfs_ll_object_name(&f->layout, depth, prefix, name, key) == 0) {
         fuse_reply_entry(req, &e);
         replied = 1;
         goto out;
@@ -410,7 +358,7 @@ int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *na
             goto out; /* corrupt, or the file shrank: the handlers say so */
         /* the READ that follows asks for up to 128 KiB of it: start it now */
         sfs_prefetch(shard, off, size < PREFETCH_BYTES ? size : PREFETCH_BYTES);
-        e.ino = ((uint64_t)(number + 1) << OBJECT_SHIFT) | slot;
+        e.ino = ((uint64_t)(number + 1) << SFS_LL_OBJECT_SHIFT) | slot;
         ll_fill_attr(s, &e.attr, e.ino, 0, size, f->mtimes[number]);
         e.entry_timeout = e.attr_timeout = s->cache_timeout;
         break;
@@ -428,24 +376,20 @@ out:
 
 /* The object inode `ino` names: its shard (open here) and slot. 0 when
  * the handlers must answer. */
-static int fast_object(struct ll_fast *f, uint64_t ino, sfs_shard_t **shard, uint64_t *slot)
+static int fast_object(struct ll_fast *f, uint64_t ino, sfs_shard_t **shard, uint32_t *number, uint32_t *slot)
 {
-    if (!(ino >> OBJECT_SHIFT) || (ino & DB_INODE_FLAG))
-        return 0;
-    int64_t number = (int64_t)(ino >> OBJECT_SHIFT) - 1;
     OpenShards *open = f->open;
-    if (number >= open->cap || !open->entries[number].reader || (size_t)number >= f->nmtimes ||
-        f->mtimes[number] < 0)
+    if (!sfs_ll_object_inode(ino, number, slot) || *number >= open->cap || !open->entries[*number].reader ||
+        *number >= f->nmtimes || f->mtimes[*number] < 0)
         return 0;
-    *shard = open->entries[number].shard;
-    *slot = ino & ((UINT64_C(1) << OBJECT_SHIFT) - 1);
-    open->used[number] = 1;
+    *shard = open->entries[*number].shard;
+    open->used[*number] = 1;
     return 1;
 }
 
 /* Resolve the slot now (a takedown is seen at once): SFS_OK,
  * SFS_ENOTFOUND (empty, deleted, past the index), else the handlers. */
-static int fast_slot(sfs_shard_t *shard, uint64_t slot, uint64_t *off, uint64_t *size)
+static int fast_slot(sfs_shard_t *shard, uint32_t slot, uint64_t *off, uint64_t *size)
 {
     if (slot >= sfs_slot_count(shard))
         return SFS_ENOTFOUND;
@@ -459,19 +403,19 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
         return 0;
     int replied = 0;
     struct stat st;
-    uint64_t prefix, slot, off, size;
+    uint64_t prefix, off, size;
+    uint32_t number, slot;
     sfs_shard_t *shard;
-    if (fast_split_dir(f, ino, &prefix) >= 0) {
+    if (sfs_ll_split_dir(&f->layout, ino, &prefix) >= 0) {
         ll_fill_attr(s, &st, ino, 1, 0, f->dir_time_ns);
         fuse_reply_attr(req, &st, s->cache_timeout);
         replied = 1;
-    } else if (fast_object(f, ino, &shard, &slot)) {
+    } else if (fast_object(f, ino, &shard, &number, &slot)) {
         int rc = fast_slot(shard, slot, &off, &size);
         if (rc == SFS_ENOTFOUND) {
             fuse_reply_err(req, ENOENT);
             replied = 1;
         } else if (rc == SFS_OK) {
-            int64_t number = (int64_t)(ino >> OBJECT_SHIFT) - 1;
             ll_fill_attr(s, &st, ino, 0, size, f->mtimes[number]);
             fuse_reply_attr(req, &st, s->cache_timeout);
             replied = 1;
@@ -487,16 +431,17 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     if (offset < 0 || !fast_begin(f))
         return 0;
     int replied = 0;
-    uint64_t slot, off, size;
+    uint64_t off, size;
+    uint32_t number, slot;
     sfs_shard_t *shard;
-    if (fast_object(f, ino, &shard, &slot)) {
+    if (fast_object(f, ino, &shard, &number, &slot)) {
         int rc = fast_slot(shard, slot, &off, &size);
         if (rc == SFS_ENOTFOUND) {
             fuse_reply_err(req, ENOENT);
             replied = 1;
         } else if (rc == SFS_OK) {
             uint64_t at = (uint64_t)offset;
-            size_t n = at >= size ? 0 : (size - at < want ? (size_t)(size - at) : want);
+            size_t n = sfs_ll_read_length(size, at, want);
             char *buf = n ? malloc(n) : NULL;
             if (n && !buf) {
                 fuse_reply_err(req, ENOMEM);

@@ -1,0 +1,88 @@
+/*
+ * ll_names.c — names, inode numbers and read ranges of the request path
+ * (ll_names.h).
+ */
+#include "ll_names.h"
+
+#include <string.h>
+
+int sfs_ll_layout_init(sfs_ll_layout_t *l, const int *nhex, int depth)
+{
+    memset(l, 0, sizeof(*l));
+    if (depth < 0 || depth > SFS_LL_MAX_DEPTH)
+        return -1;
+    l->depth = depth;
+    l->bases[1] = 2;
+    for (int d = 1; d <= depth; d++) {
+        if (nhex[d - 1] <= l->nhex[d - 1] || nhex[d - 1] > 7)
+            return -1;
+        l->nhex[d] = nhex[d - 1];
+        if (d > 1)
+            l->bases[d] = l->bases[d - 1] + (UINT64_C(1) << (4 * l->nhex[d - 1]));
+    }
+    return 0;
+}
+
+int sfs_ll_split_dir(const sfs_ll_layout_t *l, uint64_t ino, uint64_t *prefix)
+{
+    if (ino == SFS_LL_ROOT_INODE) {
+        *prefix = 0;
+        return 0;
+    }
+    if (ino < 2 || ino >> SFS_LL_OBJECT_SHIFT)
+        return -1;
+    for (int d = 1; d <= l->depth; d++) {
+        if (ino >= l->bases[d] && ino - l->bases[d] < (UINT64_C(1) << (4 * l->nhex[d]))) {
+            *prefix = ino - l->bases[d];
+            return d;
+        }
+    }
+    return -1;
+}
+
+static int hexval(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    return -1;
+}
+
+int sfs_ll_object_name(const sfs_ll_layout_t *l, int depth, uint64_t prefix, const char *name,
+                       uint8_t key[SFS_KEY_SIZE])
+{
+    if (strnlen(name, SFS_LL_NAME_SIZE + 1) != SFS_LL_NAME_SIZE)
+        return -1;
+    for (int i = 0; i < SFS_KEY_SIZE; i++) {
+        int hi = hexval(name[2 * i]), lo = hexval(name[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return 0;
+        key[i] = (uint8_t)(hi << 4 | lo);
+    }
+    if (depth == 0)
+        return 1;
+    if (depth != l->depth)
+        return 0; /* objects live at the root or in the leaves */
+    uint64_t have = 0;
+    for (int j = 0; j < l->nhex[depth]; j++)
+        have = have << 4 | (uint64_t)hexval(name[j]);
+    return have == prefix;
+}
+
+int sfs_ll_object_inode(uint64_t ino, uint32_t *number, uint32_t *slot)
+{
+    uint64_t high = ino >> SFS_LL_OBJECT_SHIFT;
+    if (!high || (ino & SFS_LL_DB_INODE_FLAG))
+        return 0;
+    *number = (uint32_t)(high - 1);
+    *slot = (uint32_t)ino;
+    return 1;
+}
+
+size_t sfs_ll_read_length(uint64_t size, uint64_t offset, size_t want)
+{
+    if (offset >= size)
+        return 0;
+    return size - offset < want ? (size_t)(size - offset) : want;
+}

@@ -15,11 +15,11 @@ CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-co
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
 	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
-	shardfs/c/gindex.c shardfs/c/guard.c
+	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
-	shardfs/c/gindex.h
+	shardfs/c/gindex.h shardfs/c/ll_names.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full bench-winery clean \
 	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage

@@ -58,11 +58,16 @@ tests/c/test_gindex: tests/c/test_gindex.c tests/c/check.h $(C_SOURCES) $(C_HEAD
 tests/c/test_chd_build: tests/c/test_chd_build.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_chd_build.c $(C_SOURCES) $(LIBS_C) -lpthread
 
-test-c: apt tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex tests/c/test_chd_build
+tests/c/test_ll_names: tests/c/test_ll_names.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_ll_names.c $(C_SOURCES) $(LIBS_C) -lpthread
+
+test-c: apt tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex tests/c/test_chd_build \
+		tests/c/test_ll_names
 	./tests/c/test_shard
 	./tests/c/test_sidecar
 	./tests/c/test_gindex
 	./tests/c/test_chd_build
+	./tests/c/test_ll_names
 
 # The suites that mount run twice: with the default worker count, then with
 # one worker per mount (SHARDFS_WORKERS=1: workers=1 must keep working; the
@@ -171,12 +176,13 @@ $(SAN_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
 test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/test_gindex \
-		$(SAN_DIR)/test_chd_build \
+		$(SAN_DIR)/test_chd_build $(SAN_DIR)/test_ll_names \
 		$(foreach h,$(FUZZ_HARNESSES),$(SAN_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_shard
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_sidecar
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_gindex
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_chd_build
+	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_ll_names
 	$(foreach h,$(FUZZ_HARNESSES),$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 \
 	  ./$(SAN_DIR)/replay_$(h) $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 	rm -rf $(SAN_DIR)/py $(SAN_DIR)/tmp
@@ -212,12 +218,13 @@ $(VG_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
 test-valgrind: apt venv $(VG_DIR)/test_shard $(VG_DIR)/test_sidecar $(VG_DIR)/test_gindex \
-		$(VG_DIR)/test_chd_build \
+		$(VG_DIR)/test_chd_build $(VG_DIR)/test_ll_names \
 		$(foreach h,$(FUZZ_HARNESSES),$(VG_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(VALGRIND) ./$(VG_DIR)/test_shard
 	$(VALGRIND) ./$(VG_DIR)/test_sidecar
 	$(VALGRIND) ./$(VG_DIR)/test_gindex
 	$(VALGRIND) ./$(VG_DIR)/test_chd_build
+	$(VALGRIND) ./$(VG_DIR)/test_ll_names
 	$(foreach h,$(FUZZ_HARNESSES),$(VALGRIND) -q ./$(VG_DIR)/replay_$(h) \
 	  $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 
@@ -275,4 +282,4 @@ fuzz-coverage: apt $(foreach h,$(FUZZ_HARNESSES),$(FUZZ_DIR)/bin/cov_$(h)) $(FUZ
 # (the .so of the editable install goes too: the next `make venv` rebuilds it)
 clean:
 	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex \
-	  tests/c/test_chd_build shardfs/*.so $(VENV)/.stamp
+	  tests/c/test_chd_build tests/c/test_ll_names shardfs/*.so $(VENV)/.stamp

@@ -161,8 +161,9 @@ SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py tests/test_sigbus_guard.py \
 	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py
 FUZZ_DIR ?= build/fuzz
-FUZZ_HARNESSES := shard sidecar
-FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c shardfs/c/output.c
+FUZZ_HARNESSES := shard sidecar ll_names
+FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c shardfs/c/output.c \
+	shardfs/c/ll_names.c
 FUZZ_DEPS := tests/fuzz/fuzz_common.h $(FUZZ_LIB_SOURCES) $(C_HEADERS)
 
 $(SAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
@@ -229,7 +230,7 @@ test-valgrind: apt venv $(VG_DIR)/test_shard $(VG_DIR)/test_sidecar $(VG_DIR)/te
 	  $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 
 # ---------------------------------------------------------------- fuzzing
-# libFuzzer harnesses tests/fuzz/fuzz_{shard,sidecar}.c, built with clang:
+# libFuzzer harnesses tests/fuzz/fuzz_{shard,sidecar,ll_names}.c, built with clang:
 # the library with coverage feedback + ASan + UBSan, the harness with the
 # sanitizers only (its own loops give no feedback). Work files (binaries,
 # seed corpus, growing corpus, logs, crash inputs) under $(FUZZ_DIR).

@@ -10,7 +10,11 @@ the objects, index or hash section overwritten (zeros, 0xff, random bytes,
 one byte of each field of the CHD_PH dump), truncations at the section
 boundaries, bytes appended. OUT_DIR/sidecar/ receives the sidecars of those
 shards (plus larger ones) and variants: header fields, directory entries,
-unsorted fingerprints, truncations.
+unsorted fingerprints, truncations. OUT_DIR/ll_names/ receives inputs of
+fuzz_ll_names.c (its format is in that file's header): the layouts flat,
+0:2/2:4, 0:1/1:3/3:5, seven levels and refused ones, each with inodes at
+the edges, object inodes, names found, absent and of other lengths, and
+overflow-prone reads.
 
 Deterministic: the same files every run (fixed random seed). Most variants
 do not open; they are there to reach the error paths, while the real files
@@ -227,13 +231,135 @@ def synthetic_sidecars(rnd):
     return out
 
 
+# ---------------------------------------------------------------- ll_names
+# Inputs of fuzz_ll_names.c: a layout (8 bytes) then operations, each a tag
+# byte and its bytes (see the header of fuzz_ll_names.c).
+LL_INODE, LL_EDGE, LL_OBJECT, LL_NAME, LL_READ = range(5)
+LL_ODD_DEPTHS = [-1, 8, 9, 15, 16, 2**31 - 1, -2**31, -8]
+
+
+def ll_layout(nhex, depth=None):
+    """The layout bytes: `depth` levels (len(nhex) by default) of cumulative
+    hex lengths `nhex` (raw signed bytes); a depth outside 0..7 must be one
+    of LL_ODD_DEPTHS."""
+    depth = len(nhex) if depth is None else depth
+    if 0 <= depth <= 7:
+        b0 = 0x80 | depth
+    else:
+        b0 = 0x80 | 0x40 | LL_ODD_DEPTHS.index(depth)
+    raw = [(v & 0xFF) for v in nhex] + [0] * (7 - len(nhex))
+    return bytes([b0] + raw[:7])
+
+
+def ll_inode(ino):
+    return bytes([LL_INODE]) + struct.pack("<Q", ino & (2**64 - 1))
+
+
+def ll_edge(sel, delta=0):
+    return bytes([LL_EDGE, sel & 0xFF, delta & 0xFF])
+
+
+def ll_object(number, slot):
+    return bytes([LL_OBJECT]) + struct.pack("<II", number, slot)
+
+
+def ll_name(depth, name, prefix=0, poke=None, upper=None):
+    """Look `name` (bytes, < 97) up in the directory at `depth` (0..7, or
+    one of LL_ODD_DEPTHS) spelling `prefix` (< 2^32): the raw name bytes,
+    then the prefix; `upper`: one character upper-cased; `poke` (position,
+    byte): one byte overwritten."""
+    assert len(name) < 97 and prefix < 2**32
+    dsel = depth if 0 <= depth < 0x80 else 0x80 | LL_ODD_DEPTHS.index(depth)
+    mode = (8 if upper is not None else 0) | (16 if poke is not None else 0)
+    out = bytes([LL_NAME, dsel, 0, mode, len(name)]) + name + struct.pack("<I", prefix)
+    if upper is not None:
+        out += bytes([upper])
+    if poke is not None:
+        out += bytes(poke)
+    return out
+
+
+def ll_name_spelled(depth, key, psel=3):
+    """A hex-mode name of 64 characters from the 32 bytes `key`, with the
+    directory's prefix (psel 3: the name's own) spelled at its start."""
+    return bytes([LL_NAME, depth, psel, 1 | 2 | 4, 2]) + key  # 62 + 2 % 5 = 64 chars
+
+
+def ll_read(size, offset, want):
+    """Raw size, offset and want (selector 0: the next 8 bytes)."""
+    return bytes([LL_READ]) + b"".join(b"\0" + struct.pack("<Q", v & (2**64 - 1))
+                                       for v in (size, offset, want))
+
+
+def ll_read_edges(a, b, c):
+    """Size, offset and want picked from the harness's table of edges."""
+    return bytes([LL_READ, 0x80 | a, 0x80 | b, 0x80 | c])
+
+
+def ll_names_seeds(rnd):
+    out = []
+    key = hashlib.sha256(b"ll_names").digest()
+    name = key.hex().encode()
+    upper = name.upper()
+    common = [
+        ll_name(0, name), ll_name(0, upper), ll_name(0, name[:63]), ll_name(0, name + b"0"),
+        ll_name(0, b"."), ll_name(0, b".."), ll_name(0, b"ab"), ll_name(0, b""),
+        ll_name(0, name[:10] + b"g" + name[11:]), ll_name(0, name, upper=5),
+        ll_name(0, name, poke=(30, 0)), ll_name(0, name, poke=(64, ord("a"))),
+        ll_name(0, name[:40] + b"\xff" + name[41:]),
+        ll_inode(0), ll_inode(1), ll_inode(2), ll_inode(2**32 - 1), ll_inode(2**32),
+        ll_inode(2**62), ll_inode(2**62 | 2**32 | 5), ll_inode(2**63), ll_inode(2**64 - 1),
+        ll_object(0, 0), ll_object(5, 2**32 - 1), ll_object(2**30 - 2, 7), ll_object(2**30 - 1, 7),
+        ll_object(2**32 - 1, 9), ll_object(2**31, 1),
+        ll_read(10, 0, 4), ll_read(10, 8, 4), ll_read(10, 10, 4), ll_read(10, 11, 4),
+        ll_read(2**64 - 1, 2**64 - 2, 2**64 - 1), ll_read(10, 2**64 - 1, 2**64 - 1),
+        ll_read(2**63, 2**63 - 5, 131072), ll_read(0, 0, 0),
+        ll_read_edges(11, 0, 11), ll_read_edges(3, 13, 19), ll_read_edges(11, 12, 20),
+    ] + [ll_edge(i, d) for i in range(0, 60, 3) for d in (-1, 0, 1)]
+    out.append(("flat", ll_layout([]) + b"".join(common)))
+
+    def fanout(nhex):
+        depth, n = len(nhex), nhex[-1]
+        leaf = int(name[:n], 16)
+        ops = [ll_name(depth, name, leaf), ll_name(depth, name, leaf ^ 1),
+               ll_name(depth, upper, leaf), ll_name(depth - 1, name, leaf >> 4),
+               ll_name(depth + 1, name, leaf), ll_name(-1, name, leaf), ll_name(8, name, leaf),
+               ll_name(depth, name[:n] + b"..", 0), ll_name(depth, b"..", leaf),
+               ll_name(depth, name[:63], leaf), ll_name(depth, name, leaf, upper=n - 1),
+               ll_name(depth, name, leaf, upper=n)]
+        for _ in range(4):
+            ops.append(ll_name_spelled(depth, bytes(rnd.getrandbits(8) for _ in range(32))))
+        base = 2
+        for d, w in enumerate(nhex, 1):
+            for ino in (base - 1, base, base + 16**w // 2, base + 16**w - 1, base + 16**w):
+                ops.append(ll_inode(ino))
+            ops.append(ll_name(d, name, int(name[:w], 16)))
+            base += 16**w
+        return ops + common
+
+    for label, nhex in [("0:2-2:4", [2, 4]), ("0:1-1:3-3:5", [1, 3, 5]), ("0:7", [7]),
+                        ("seven", [1, 2, 3, 4, 5, 6, 7]), ("0:3-3:6", [3, 6])]:
+        out.append((f"fanout-{label}", ll_layout(nhex) + b"".join(fanout(nhex))))
+    # refused layouts: the harness goes on with a flat one
+    for label, nhex, depth in [("zero", [0], None), ("same", [2, 2], None), ("down", [3, 2], None),
+                               ("eight", [8], None), ("past", [2, 8], None), ("neg", [-1], None),
+                               ("depth8", [1, 2, 3, 4, 5, 6, 7], 8), ("depth-1", [], -1),
+                               ("depthmax", [2, 4], 2**31 - 1)]:
+        out.append((f"refused-{label}", ll_layout(nhex, depth) + b"".join(common[:16])))
+    # incremental lengths (bit 7 of byte 0 clear): each byte adds b % 4
+    out.append(("incremental-1-2-3", bytes([3, 1, 1, 1, 0, 0, 0, 0]) + b"".join(common[:16])))
+    out.append(("incremental-grow0", bytes([2, 2, 0, 0, 0, 0, 0, 0]) + ll_inode(258)))
+    return out
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     out_dir = sys.argv[1]
     shard_dir = os.path.join(out_dir, "shard")
     side_dir = os.path.join(out_dir, "sidecar")
-    for d in (shard_dir, side_dir):
+    ll_dir = os.path.join(out_dir, "ll_names")
+    for d in (shard_dir, side_dir, ll_dir):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
     rnd = random.Random(20240505)
@@ -274,7 +400,7 @@ def main():
         with open(spath, "rb") as fh:
             sidecars.append(("n10000", fh.read()))
 
-    written = {"shard": 0, "sidecar": 0}
+    written = {"shard": 0, "sidecar": 0, "ll_names": 0}
 
     def write(d, kind, name, data):
         with open(os.path.join(d, name), "wb") as fh:
@@ -293,8 +419,11 @@ def main():
                 write(side_dir, "sidecar", vname, data)
     for vname, data in synthetic_sidecars(rnd):
         write(side_dir, "sidecar", vname, data)
+    for vname, data in ll_names_seeds(random.Random(20261125)):
+        write(ll_dir, "ll_names", vname, data)
     print(f"seed corpus: {written['shard']} shard inputs in {shard_dir}, "
-          f"{written['sidecar']} sidecar inputs in {side_dir}")
+          f"{written['sidecar']} sidecar inputs in {side_dir}, "
+          f"{written['ll_names']} ll_names inputs in {ll_dir}")
 
 
 if __name__ == "__main__":

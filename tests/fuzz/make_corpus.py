@@ -326,7 +326,10 @@ def ll_names_seeds(rnd):
                ll_name(depth + 1, name, leaf), ll_name(-1, name, leaf), ll_name(8, name, leaf),
                ll_name(depth, name[:n] + b"..", 0), ll_name(depth, b"..", leaf),
                ll_name(depth, name[:63], leaf), ll_name(depth, name, leaf, upper=n - 1),
-               ll_name(depth, name, leaf, upper=n)]
+               ll_name(depth, name, leaf, upper=n),
+               # raw upper case, the prefix derived from it (psel 3): it
+               # matches in value, not in spelling
+               bytes([LL_NAME, depth, 3, 0, 64]) + upper]
         for _ in range(4):
             ops.append(ll_name_spelled(depth, bytes(rnd.getrandbits(8) for _ in range(32))))
         base = 2

@@ -86,12 +86,8 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
  * (NULL: its own). Returns NULL with MemoryError set. Under the GIL. */
 struct ll_fast *ll_fast_new(const volatile int64_t *seq, int64_t *stats);
 void ll_fast_free(struct ll_fast *fast);
-/* Take the handlers' state again (fs.fast_state()): under the GIL and the
- * write lock. */
+/* Take the handlers' state again (fs.fast_state()), under the GIL. */
 void ll_fast_refresh(struct ll_fast *fast, PyObject *fs);
-/* The table lock: held for writing while a handler runs (NULL: no-op). */
-void ll_fast_write_lock(struct ll_fast *fast);
-void ll_fast_write_unlock(struct ll_fast *fast);
 
 #pragma GCC visibility pop
 

@@ -2,26 +2,34 @@
  * ll_fast.c — LOOKUP, GETATTR and READ of a mount answered in C alone
  * (ll.h), with the GIL not held.
  *
- * What a request needs is read from the process's shard set as the Python
- * handlers left it (shardfs.fuse.handlers.ShardFS.fast_state): the shards
- * open in the process (OpenShards, by number), the global index levels and
- * their maps (level shard index -> shard number), the per-shard filters
- * (SidecarSet), each shard's mtime, the layout. Those objects change only
- * while a handler runs, and a handler runs only with the table lock held
- * for writing (py_enter in py_ll_ops.c); a request answered here holds it
- * for reading. After each handler the snapshot is taken again (ll_fast_refresh,
- * under the GIL), so the answer here is the one the handlers would give.
+ * What a request needs is read from the process's shard set, which the
+ * Python handlers change: the shards open in the process (OpenShards, by
+ * number), the global index levels (GlobalIndex) and their maps (a level's
+ * shard index -> shard number), the per-shard filters (SidecarSet); and
+ * from a snapshot taken after each handler (shardfs.fuse.handlers.ShardFS.
+ * fast_state, ll_fast_refresh): which objects those are, each shard
+ * number's mtime, the layout, the shard table sequence the handlers
+ * applied.
+ *
+ * Concurrency (py_module.h, sfs_table_lock): a request holds the table
+ * lock for reading while it takes its pointers (candidates from the index
+ * and the filters, the open shards it will probe or read), marks the open
+ * shards busy (OpenShards.busy: a shard let go meanwhile is parked, not
+ * closed) and releases the lock before it reads a shard, which may wait for
+ * the device: a handler changing the set is never kept waiting by a slow
+ * read, nor is any other request.
  *
  * A request goes to Python instead (returns 0) when: the mount follows a
  * winery database (hidden keys, objects only in PostgreSQL); the
- * coordinator published a shard table this process has not applied yet
- * (the handlers apply it first: an inode never names an object of a table
- * the process has not seen); a candidate shard is not open in the process
- * (the handlers open it, within the bound on open shards); the inode's
- * shard is not served (removed: the handlers know what may still be read);
- * a slot or size field is corrupt or the file shrank (the handlers log it
- * and answer EIO); the name is not a 64-character key (".", "..",
- * fan-out directories).
+ * coordinator published a shard table the handlers have not applied yet
+ * (they apply it first: an inode never names an object of a table the
+ * process has not seen, the rule of shardfs.fuse.shared); a candidate shard
+ * is not open in the process (the handlers open it, within the bound on
+ * open shards); the inode's shard is not served (removed: the handlers know
+ * what may still be read); a filter set or an index level changed since
+ * the snapshot; a slot or size field is corrupt or the file shrank (the
+ * handlers log it and answer EIO); the name is not a 64-character key
+ * (".", "..", fan-out directories).
  */
 #include "ll.h"
 #include "ll_names.h"
@@ -33,14 +41,13 @@
 #define PREFETCH_BYTES (128 * 1024)
 
 struct ll_fast {
-    pthread_rwlock_t lock;
     PyObject *state;          /* the last fast_state() tuple (strong reference), or NULL */
-    int enabled;
+    int enabled;              /* state is a usable tuple */
     OpenShards *open;         /* borrowed from `state` */
     SidecarSet *filters;      /* borrowed from `state`, NULL when none */
     Py_ssize_t nlevels;
-    sfs_gindex_t **levels;    /* [nlevels] */
-    Py_buffer *views;         /* [nlevels] maps, then [nlevels] mtimes */
+    GlobalIndex **levels;     /* [nlevels], borrowed from `state` */
+    Py_buffer *views;         /* [nlevels] maps, then the mtimes */
     const int64_t *mtimes;    /* [nmtimes]: shard number -> mtime in ns, -1 when not served */
     size_t nmtimes;
     sfs_ll_layout_t layout;
@@ -51,6 +58,8 @@ struct ll_fast {
     int64_t own_stats[2];
 };
 
+/* Forget the snapshot's views (under the table lock, or before any
+ * request reads the fast path). */
 static void fast_release_views(struct ll_fast *f)
 {
     for (Py_ssize_t i = 0; f->views && i <= f->nlevels; i++)
@@ -73,13 +82,6 @@ struct ll_fast *ll_fast_new(const volatile int64_t *seq, int64_t *stats)
         PyErr_NoMemory();
         return NULL;
     }
-    /* writers first: a handler waiting for the lock is not starved by a
-     * stream of requests answered here */
-    pthread_rwlockattr_t attr;
-    pthread_rwlockattr_init(&attr);
-    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    pthread_rwlock_init(&f->lock, &attr);
-    pthread_rwlockattr_destroy(&attr);
     f->seq = seq;
     f->stats = stats ? stats : f->own_stats;
     return f;
@@ -91,106 +93,114 @@ void ll_fast_free(struct ll_fast *f)
         return;
     fast_release_views(f);
     Py_CLEAR(f->state);
-    pthread_rwlock_destroy(&f->lock);
     PyMem_Free(f);
 }
 
-void ll_fast_write_lock(struct ll_fast *f)
+/* Build a snapshot's arrays from `st` (a fast_state() tuple) into `f`,
+ * which no request reads. Returns 0, or -1 with an exception set. */
+static int fast_build(struct ll_fast *f, PyObject *st)
 {
-    if (f)
-        pthread_rwlock_wrlock(&f->lock);
-}
-
-void ll_fast_write_unlock(struct ll_fast *f)
-{
-    if (f)
-        pthread_rwlock_unlock(&f->lock);
-}
-
-/* Take the handlers' state again (under the GIL and the write lock):
- * fs.fast_state() -> None (nothing is answered here) or (open_shards,
- * filters, levels, maps, mtimes, prefix_lengths, dir_time_ns, applied).
- * The same tuple as last time costs one call. Errors are reported and
- * leave the fast path off until the next refresh. */
-void ll_fast_refresh(struct ll_fast *f, PyObject *fs)
-{
-    if (!f)
-        return;
-    PyObject *st = PyObject_CallMethod(fs, "fast_state", NULL);
-    if (!st) {
-        PyErr_WriteUnraisable(fs);
-        fast_release_views(f);
-        Py_CLEAR(f->state);
-        return;
-    }
-    if (st == f->state) {
-        Py_DECREF(st);
-        if (f->enabled && f->filters && f->filters->dirty && sidecar_set_pack(f->filters) < 0) {
-            PyErr_WriteUnraisable(fs);
-            f->enabled = 0;
-        }
-        return;
-    }
-    fast_release_views(f);
-    Py_XSETREF(f->state, st);
-    if (st == Py_None)
-        return;
     PyObject *open, *filters, *levels, *maps, *mtimes, *prefixes;
     long long dir_time_ns, applied;
     if (!PyArg_ParseTuple(st, "O!OO!O!OO!LL", &OpenShardsType, &open, &filters, &PyTuple_Type, &levels,
                           &PyTuple_Type, &maps, &mtimes, &PyTuple_Type, &prefixes, &dir_time_ns, &applied))
-        goto fail;
+        return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(levels), depth = PyTuple_GET_SIZE(prefixes);
     if (PyTuple_GET_SIZE(maps) != n || depth > SFS_LL_MAX_DEPTH) {
         PyErr_SetString(PyExc_ValueError, "fast_state(): levels and maps differ, or too deep a layout");
-        goto fail;
+        return -1;
     }
     if (filters != Py_None && !PyObject_TypeCheck(filters, &SidecarSetType)) {
         PyErr_SetString(PyExc_TypeError, "fast_state(): filters must be a SidecarSet or None");
-        goto fail;
+        return -1;
     }
     f->levels = PyMem_Calloc((size_t)n + 1, sizeof(*f->levels));
     f->views = PyMem_Calloc((size_t)n + 1, sizeof(*f->views));
     if (!f->levels || !f->views) {
         PyErr_NoMemory();
-        goto fail;
+        return -1;
     }
     f->nlevels = n;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *lv = PyTuple_GET_ITEM(levels, i);
-        if (!PyObject_TypeCheck(lv, &GlobalIndexType) || !gindex_ready((GlobalIndex *)lv)) {
-            PyErr_SetString(PyExc_TypeError, "fast_state(): levels must be open GlobalIndex objects");
-            goto fail;
+        if (!PyObject_TypeCheck(lv, &GlobalIndexType)) {
+            PyErr_SetString(PyExc_TypeError, "fast_state(): levels must be GlobalIndex objects");
+            return -1;
         }
-        f->levels[i] = ((GlobalIndex *)lv)->g;
+        f->levels[i] = (GlobalIndex *)lv;
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, i), &f->views[i], PyBUF_SIMPLE) < 0)
-            goto fail;
+            return -1;
     }
     if (PyObject_GetBuffer(mtimes, &f->views[n], PyBUF_SIMPLE) < 0)
-        goto fail;
+        return -1;
     f->mtimes = f->views[n].buf;
     f->nmtimes = (size_t)f->views[n].len / sizeof(int64_t);
     int nhex[SFS_LL_MAX_DEPTH];
     for (Py_ssize_t d = 0; d < depth; d++) {
         nhex[d] = _PyLong_AsInt(PyTuple_GET_ITEM(prefixes, d));
         if (nhex[d] == -1 && PyErr_Occurred())
-            goto fail;
+            return -1;
     }
     if (sfs_ll_layout_init(&f->layout, nhex, (int)depth) < 0) {
         PyErr_SetString(PyExc_ValueError, "fast_state(): prefix lengths must grow, 1..7 hex digits");
-        goto fail;
+        return -1;
     }
     f->open = (OpenShards *)open;
     f->filters = filters == Py_None ? NULL : (SidecarSet *)filters;
-    if (f->filters && f->filters->dirty && sidecar_set_pack(f->filters) < 0)
-        goto fail;
     f->dir_time_ns = dir_time_ns;
     f->applied = applied;
-    f->enabled = 1;
-    return;
-fail:
-    PyErr_WriteUnraisable(fs);
-    fast_release_views(f);
+    return 0;
+}
+
+/* Take the handlers' state again (under the GIL): fs.fast_state() -> None
+ * (nothing is answered here) or (open_shards, filters, levels, maps,
+ * mtimes, prefix_lengths, dir_time_ns, applied). The same tuple as last
+ * time costs one call. The new snapshot is built aside, then swapped in
+ * under the table lock. Errors are reported (sys.unraisablehook) and
+ * leave the fast path off until the next refresh. */
+void ll_fast_refresh(struct ll_fast *f, PyObject *fs)
+{
+    if (!f)
+        return;
+    if (f->enabled)
+        openshards_release_parked(f->open);
+    PyObject *st = PyObject_CallMethod(fs, "fast_state", NULL);
+    if (st && st == f->state) {
+        Py_DECREF(st);
+        if (f->enabled && f->filters && f->filters->dirty && sidecar_set_pack(f->filters) < 0)
+            PyErr_WriteUnraisable(fs);
+        return;
+    }
+    struct ll_fast fresh;
+    memset(&fresh, 0, sizeof(fresh));
+    if (!st || (st != Py_None && fast_build(&fresh, st) < 0)) {
+        PyErr_WriteUnraisable(fs);
+        fast_release_views(&fresh);
+        Py_CLEAR(st);
+    } else {
+        fresh.enabled = st != Py_None;
+        if (fresh.enabled && fresh.filters && fresh.filters->dirty && sidecar_set_pack(fresh.filters) < 0) {
+            PyErr_WriteUnraisable(fs);
+            fresh.enabled = 0;
+        }
+    }
+    struct ll_fast old = *f;
+    table_write_lock();
+    f->state = st; /* a strong reference, or NULL */
+    f->enabled = fresh.enabled;
+    f->open = fresh.open;
+    f->filters = fresh.filters;
+    f->nlevels = fresh.nlevels;
+    f->levels = fresh.levels;
+    f->views = fresh.views;
+    f->mtimes = fresh.mtimes;
+    f->nmtimes = fresh.nmtimes;
+    f->layout = fresh.layout;
+    f->dir_time_ns = fresh.dir_time_ns;
+    f->applied = fresh.applied;
+    table_write_unlock();
+    fast_release_views(&old);
+    Py_XDECREF(old.state);
 }
 
 /* ------------------------------------------------------------ guarded */
@@ -238,24 +248,30 @@ static __attribute__((noinline)) int g_read(const sfs_shard_t *shard, uint64_t o
     return rc;
 }
 
-/* -------------------------------------------------------------- lookup */
+/* -------------------------------------------------------------- requests */
 
-/* Whether the fast path may answer now (taking the read lock: release it
- * with fast_end when 1 is returned). */
+/* Whether the fast path may answer now; on 1 the table lock is held for
+ * reading (release it with table_read_unlock). */
 static int fast_begin(struct ll_fast *f)
 {
     if (!f)
         return 0;
-    pthread_rwlock_rdlock(&f->lock);
+    pthread_rwlock_rdlock(&sfs_table_lock);
     if (f->enabled && (!f->seq || __atomic_load_n(f->seq, __ATOMIC_ACQUIRE) == f->applied))
         return 1;
-    pthread_rwlock_unlock(&f->lock);
+    pthread_rwlock_unlock(&sfs_table_lock);
     return 0;
 }
 
-static void fast_end(struct ll_fast *f)
+static void table_read_unlock(void)
 {
-    pthread_rwlock_unlock(&f->lock);
+    pthread_rwlock_unlock(&sfs_table_lock);
+}
+
+/* Shards taken for reading outside the lock (see the file's comment). */
+static void busy_add(OpenShards *open, Py_ssize_t delta)
+{
+    __atomic_add_fetch(&open->busy, delta, __ATOMIC_SEQ_CST);
 }
 
 static int cmp_i64(const void *a, const void *b)
@@ -265,24 +281,29 @@ static int cmp_i64(const void *a, const void *b)
 }
 
 /* Candidate shard numbers of `key`, sorted and distinct, into c[0..*n)
- * (at most cap). Returns 0, or -1 when they do not fit or an index or
- * filter cannot be read (the handlers then answer). */
+ * (at most cap). Under the read lock. Returns 0, or -1 when they do not fit
+ * or an index level or the filters cannot be read or changed since the
+ * snapshot (the handlers then answer). */
 static int fast_candidates(struct ll_fast *f, const uint8_t key[SFS_KEY_SIZE], int64_t *c, size_t cap, size_t *n)
 {
     size_t k = 0;
     for (Py_ssize_t i = 0; i < f->nlevels; i++) {
+        const GlobalIndex *lv = f->levels[i];
+        if (!lv->g || lv->closed)
+            return -1;
         uint32_t out[LOOKUP_STACK];
         size_t found = 0;
-        if (g_gindex_lookup(f->levels[i], key, out, LOOKUP_STACK, &found) != SFS_OK || found > LOOKUP_STACK)
+        if (g_gindex_lookup(lv->g, key, out, LOOKUP_STACK, &found) != SFS_OK || found > LOOKUP_STACK)
             return -1;
         const int64_t *map = f->views[i].buf;
         size_t nmap = (size_t)f->views[i].len / sizeof(int64_t);
         for (size_t j = 0; j < found; j++) {
-            if (out[j] >= nmap || map[out[j]] < 0)
+            int64_t number = out[j] < nmap ? __atomic_load_n(&map[out[j]], __ATOMIC_RELAXED) : -1;
+            if (number < 0)
                 continue;
             if (k == cap)
                 return -1;
-            c[k++] = map[out[j]];
+            c[k++] = number;
         }
     }
     SidecarSet *set = f->filters;
@@ -316,75 +337,99 @@ static int fast_candidates(struct ll_fast *f, const uint8_t key[SFS_KEY_SIZE], i
     return 0;
 }
 
+/* The open shard serving shard number `number` and its mtime, under the
+ * read lock: NULL when it is not open here or not served. */
+static sfs_shard_t *fast_shard(struct ll_fast *f, uint32_t number, int64_t *mtime)
+{
+    OpenShards *open = f->open;
+    if ((Py_ssize_t)number >= open->cap || !open->entries[number].reader || number >= f->nmtimes ||
+        f->mtimes[number] < 0)
+        return NULL;
+    open->used[number] = 1; /* recency: see OpenShards.touched */
+    *mtime = f->mtimes[number];
+    return open->entries[number].shard;
+}
+
 int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct ll_fast *f = s->fast;
     if (strnlen(name, SFS_LL_NAME_SIZE + 1) != SFS_LL_NAME_SIZE || !fast_begin(f))
         return 0;
-    int replied = 0;
-    struct fuse_entry_param e;
-    memset(&e, 0, sizeof(e));
-    e.entry_timeout = e.attr_timeout = s->entry_timeout; /* negative unless found */
     uint8_t key[SFS_KEY_SIZE];
     uint64_t prefix = 0;
     int depth = sfs_ll_split_dir(&f->layout, parent, &prefix);
-    if (depth < 0)
-        goto out; /* not a directory: the handlers say ENOTDIR */
-    if (sfs_ll_object_name(&f->layout, depth, prefix, name, key) == 0) {
-        fuse_reply_entry(req, &e);
-        replied = 1;
-        goto out;
+    if (depth < 0) {
+        table_read_unlock();
+        return 0; /* not a directory: the handlers say ENOTDIR */
     }
+    struct fuse_entry_param e;
+    memset(&e, 0, sizeof(e));
+    e.entry_timeout = e.attr_timeout = s->entry_timeout; /* negative unless found */
+    if (sfs_ll_object_name(&f->layout, depth, prefix, name, key) == 0) {
+        table_read_unlock();
+        fuse_reply_entry(req, &e);
+        return 1;
+    }
+    /* The candidates open here, in number order, up to the first that is
+     * not (the handlers answer if none before it holds the key). */
     int64_t cand[LOOKUP_STACK];
-    size_t n = 0;
-    if (fast_candidates(f, key, cand, LOOKUP_STACK, &n) < 0)
-        goto out;
+    sfs_shard_t *shards[LOOKUP_STACK];
+    int64_t mtimes[LOOKUP_STACK];
+    size_t n = 0, nopen = 0;
+    if (fast_candidates(f, key, cand, LOOKUP_STACK, &n) < 0) {
+        table_read_unlock();
+        return 0;
+    }
+    while (nopen < n && (shards[nopen] = fast_shard(f, (uint32_t)cand[nopen], &mtimes[nopen])))
+        nopen++;
     OpenShards *open = f->open;
+    int64_t *stats = f->stats;
+    busy_add(open, 1);
+    table_read_unlock();
+    int replied = 0, failed = 0;
     size_t probed = 0;
-    for (size_t j = 0; j < n; j++) {
-        int64_t number = cand[j];
-        if (number >= open->cap || !open->entries[number].reader || (size_t)number >= f->nmtimes ||
-            f->mtimes[number] < 0)
-            goto out; /* not open here: the handlers open it */
-        sfs_shard_t *shard = open->entries[number].shard;
+    for (size_t j = 0; j < nopen && !replied && !failed; j++) {
         uint32_t slot = 0;
         uint64_t off = 0, size = 0;
-        int rc = g_lookup_slot(shard, key, &slot, &off, &size);
+        int rc = g_lookup_slot(shards[j], key, &slot, &off, &size);
         probed++;
-        open->used[number] = 1;
         if (rc == SFS_ENOTFOUND)
             continue;
-        if (rc != SFS_OK)
-            goto out; /* corrupt, or the file shrank: the handlers say so */
+        if (rc != SFS_OK) {
+            failed = 1; /* corrupt, or the file shrank: the handlers say so */
+            break;
+        }
         /* the READ that follows asks for up to 128 KiB of it: start it now */
-        sfs_prefetch(shard, off, size < PREFETCH_BYTES ? size : PREFETCH_BYTES);
-        e.ino = ((uint64_t)(number + 1) << SFS_LL_OBJECT_SHIFT) | slot;
-        ll_fill_attr(s, &e.attr, e.ino, 0, size, f->mtimes[number]);
+        sfs_prefetch(shards[j], off, size < PREFETCH_BYTES ? size : PREFETCH_BYTES);
+        e.ino = ((uint64_t)(cand[j] + 1) << SFS_LL_OBJECT_SHIFT) | slot;
+        ll_fill_attr(s, &e.attr, e.ino, 0, size, mtimes[j]);
         e.entry_timeout = e.attr_timeout = s->cache_timeout;
-        break;
+        replied = 1;
     }
-    __atomic_fetch_add(&f->stats[0], 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&f->stats[1], (int64_t)probed, __ATOMIC_RELAXED);
+    busy_add(open, -1);
+    if (!replied && (failed || nopen < n))
+        return 0; /* a candidate to open, or an error to tell: the handlers */
+    __atomic_fetch_add(&stats[0], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&stats[1], (int64_t)probed, __ATOMIC_RELAXED);
     fuse_reply_entry(req, &e);
-    replied = 1;
-out:
-    fast_end(f);
-    return replied;
+    return 1;
 }
 
-/* --------------------------------------------------------- by inode */
-
-/* The object inode `ino` names: its shard (open here) and slot. 0 when
- * the handlers must answer. */
-static int fast_object(struct ll_fast *f, uint64_t ino, sfs_shard_t **shard, uint32_t *number, uint32_t *slot)
+/* The open shard of object inode `ino` (marked busy: call busy_add(open,
+ * -1) after), its slot and mtime; NULL when the handlers must answer (not
+ * an object in a shard open here). Takes and releases the read lock. */
+static sfs_shard_t *fast_object(struct ll_fast *f, uint64_t ino, OpenShards **open, uint32_t *slot,
+                                int64_t *mtime)
 {
-    OpenShards *open = f->open;
-    if (!sfs_ll_object_inode(ino, number, slot) || *number >= open->cap || !open->entries[*number].reader ||
-        *number >= f->nmtimes || f->mtimes[*number] < 0)
-        return 0;
-    *shard = open->entries[*number].shard;
-    open->used[*number] = 1;
-    return 1;
+    uint32_t number;
+    if (!sfs_ll_object_inode(ino, &number, slot))
+        return NULL;
+    sfs_shard_t *shard = fast_shard(f, number, mtime);
+    if (shard) {
+        *open = f->open;
+        busy_add(*open, 1);
+    }
+    return shard;
 }
 
 /* Resolve the slot now (a takedown is seen at once): SFS_OK,
@@ -401,28 +446,32 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
     struct ll_fast *f = s->fast;
     if (!fast_begin(f))
         return 0;
-    int replied = 0;
     struct stat st;
     uint64_t prefix, off, size;
-    uint32_t number, slot;
-    sfs_shard_t *shard;
+    uint32_t slot;
+    int64_t mtime;
+    OpenShards *open = NULL;
     if (sfs_ll_split_dir(&f->layout, ino, &prefix) >= 0) {
         ll_fill_attr(s, &st, ino, 1, 0, f->dir_time_ns);
+        table_read_unlock();
         fuse_reply_attr(req, &st, s->cache_timeout);
-        replied = 1;
-    } else if (fast_object(f, ino, &shard, &number, &slot)) {
-        int rc = fast_slot(shard, slot, &off, &size);
-        if (rc == SFS_ENOTFOUND) {
-            fuse_reply_err(req, ENOENT);
-            replied = 1;
-        } else if (rc == SFS_OK) {
-            ll_fill_attr(s, &st, ino, 0, size, f->mtimes[number]);
-            fuse_reply_attr(req, &st, s->cache_timeout);
-            replied = 1;
-        }
+        return 1;
     }
-    fast_end(f);
-    return replied;
+    sfs_shard_t *shard = fast_object(f, ino, &open, &slot, &mtime);
+    table_read_unlock();
+    if (!shard)
+        return 0;
+    int rc = fast_slot(shard, slot, &off, &size);
+    busy_add(open, -1);
+    if (rc == SFS_ENOTFOUND) {
+        fuse_reply_err(req, ENOENT);
+    } else if (rc == SFS_OK) {
+        ll_fill_attr(s, &st, ino, 0, size, mtime);
+        fuse_reply_attr(req, &st, s->cache_timeout);
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t offset)
@@ -430,33 +479,35 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     struct ll_fast *f = s->fast;
     if (offset < 0 || !fast_begin(f))
         return 0;
-    int replied = 0;
     uint64_t off, size;
-    uint32_t number, slot;
-    sfs_shard_t *shard;
-    if (fast_object(f, ino, &shard, &number, &slot)) {
-        int rc = fast_slot(shard, slot, &off, &size);
-        if (rc == SFS_ENOTFOUND) {
-            fuse_reply_err(req, ENOENT);
+    uint32_t slot;
+    int64_t mtime;
+    OpenShards *open = NULL;
+    sfs_shard_t *shard = fast_object(f, ino, &open, &slot, &mtime);
+    table_read_unlock();
+    if (!shard)
+        return 0;
+    int replied = 0;
+    int rc = fast_slot(shard, slot, &off, &size);
+    if (rc == SFS_ENOTFOUND) {
+        fuse_reply_err(req, ENOENT);
+        replied = 1;
+    } else if (rc == SFS_OK) {
+        size_t n = sfs_ll_read_length(size, (uint64_t)offset, want);
+        char *buf = n ? malloc(n) : NULL;
+        if (n && !buf) {
+            fuse_reply_err(req, ENOMEM);
             replied = 1;
-        } else if (rc == SFS_OK) {
-            uint64_t at = (uint64_t)offset;
-            size_t n = sfs_ll_read_length(size, at, want);
-            char *buf = n ? malloc(n) : NULL;
-            if (n && !buf) {
-                fuse_reply_err(req, ENOMEM);
+        } else {
+            if (n)
+                rc = g_read(shard, off + (uint64_t)offset, buf, n);
+            if (rc == SFS_OK) {
+                fuse_reply_buf(req, buf, n);
                 replied = 1;
-            } else {
-                if (n)
-                    rc = g_read(shard, off + at, buf, n);
-                if (rc == SFS_OK) {
-                    fuse_reply_buf(req, buf, n);
-                    replied = 1;
-                }
-                free(buf);
             }
+            free(buf);
         }
     }
-    fast_end(f);
+    busy_add(open, -1);
     return replied;
 }

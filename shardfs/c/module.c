@@ -20,6 +20,8 @@
 
 PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError;
 
+pthread_rwlock_t sfs_table_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+
 /* The helpers py_module.h declares for every type's file. */
 
 /* A message of the C core as str: UTF-8, bytes that are not (a path's)

@@ -41,9 +41,12 @@ static int GlobalIndex_init(GlobalIndex *self, PyObject *args, PyObject *kwds)
         raise_gindex_error(&err);
         return -1;
     }
-    sfs_gindex_close(self->g);
+    table_write_lock(); /* the request path may be reading the old one */
+    sfs_gindex_t *was = self->g;
     self->g = g;
     self->closed = 0;
+    table_write_unlock();
+    sfs_gindex_close(was);
     return 0;
 }
 
@@ -57,8 +60,11 @@ static PyObject *GlobalIndex_close(GlobalIndex *self, PyObject *unused)
 {
     self->closed = 1;
     if (self->users == 0) {
-        sfs_gindex_close(self->g);
+        table_write_lock(); /* the request path may be reading it */
+        sfs_gindex_t *was = self->g;
         self->g = NULL;
+        table_write_unlock();
+        sfs_gindex_close(was);
     }
     Py_RETURN_NONE;
 }

@@ -40,13 +40,11 @@ void ll_fill_attr(const Session *s, struct stat *st, uint64_t ino, int is_dir, u
 
 /* ------------------------------------------------------------ calling Python */
 
-/* Run a handler: the lock of handlers, the table lock for writing (no
- * request is answered by ll_fast.c meanwhile: a handler may change the
- * shard set), then the GIL. */
+/* Run a handler: the lock of handlers (one at a time: the shard set is
+ * used by one thread at a time), then the GIL. */
 static PyGILState_STATE py_enter(Session *s)
 {
     pthread_mutex_lock(&s->py_lock);
-    ll_fast_write_lock(s->fast);
     return PyGILState_Ensure();
 }
 
@@ -55,7 +53,6 @@ static void py_leave(Session *s, PyGILState_STATE gs)
 {
     ll_fast_refresh(s->fast, s->fs);
     PyGILState_Release(gs);
-    ll_fast_write_unlock(s->fast);
     pthread_mutex_unlock(&s->py_lock);
 }
 

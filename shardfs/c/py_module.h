@@ -19,6 +19,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <pthread.h>
 
 #include "guard.h"
 #include "internal.h"
@@ -31,6 +32,28 @@
 
 /* The exception classes of shardfs.errors (module.c, set at import). */
 extern PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError;
+
+/* The table lock of a process that serves a mount (ll.h). The request path
+ * reads, without the GIL, the open shards (OpenShards), the filters
+ * (SidecarSet) and the global index levels (GlobalIndex) that its Python
+ * handlers change under the GIL: a request holds this lock for reading
+ * while it takes its pointers; the methods that change what those pointers
+ * reach (OpenShards.set/clear, SidecarSet.set/remove and its packing,
+ * GlobalIndex.close/reopen) hold it for writing around the change only, and
+ * never run Python code or deallocate while holding it (a dealloc may take
+ * it again). Writers first: a change is not starved by a stream of
+ * requests. Outside a mount nobody reads it: a writer takes it at once. */
+extern pthread_rwlock_t sfs_table_lock;
+
+static inline void table_write_lock(void)
+{
+    pthread_rwlock_wrlock(&sfs_table_lock);
+}
+
+static inline void table_write_unlock(void)
+{
+    pthread_rwlock_unlock(&sfs_table_lock);
+}
 
 extern PyTypeObject ReaderType, WriterType, SidecarType, SidecarSetType, GlobalIndexType,
     OpenShardsType;
@@ -194,11 +217,17 @@ typedef struct {
     unsigned char *used;
     Py_ssize_t cap, count;
     unsigned long long probes;
-    /* finds probing with the GIL released: entries let go meanwhile are
-     * parked in `parked` (a list of (reader, member)), released after */
+    /* finds probing with the GIL released, and requests of the request
+     * path (ll_fast.c) reading without it: entries let go meanwhile are
+     * parked in `parked` (a list of readers), released once none is busy
+     * (atomic: the request path counts without the GIL) */
     Py_ssize_t busy;
     PyObject *parked;
 } OpenShards;
+
+/* Let go of the readers parked while finds or requests were busy, if none
+ * is any more. Under the GIL. */
+void openshards_release_parked(OpenShards *self);
 
 
 #define LOOKUP_STACK 64 /* shard indices answered without an allocation */

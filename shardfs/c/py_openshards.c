@@ -144,7 +144,7 @@ static int collect_candidates(PyObject *levels, PyObject *maps, PyObject *filter
 
 /* Empty entry e. Its reader is let go now, or, while a find probes
  * without the GIL (it may be reading that shard's mapping), parked still
- * held until the probe ends (release_parked). */
+ * held until the probe ends (openshards_release_parked). */
 static void release_open_entry(OpenShards *self, open_entry_t *e)
 {
     Reader *r = e->reader;
@@ -156,7 +156,7 @@ static void release_open_entry(OpenShards *self, open_entry_t *e)
         return;
     self->count--;
     Py_DECREF(member);
-    if (self->busy) {
+    if (__atomic_load_n(&self->busy, __ATOMIC_SEQ_CST)) {
         if (!self->parked)
             self->parked = PyList_New(0);
         if (self->parked && PyList_Append(self->parked, (PyObject *)r) == 0) {
@@ -172,11 +172,12 @@ static void release_open_entry(OpenShards *self, open_entry_t *e)
     Py_DECREF(r);
 }
 
-/* Let go of the parked readers once no find probes. */
-static void release_parked(OpenShards *self)
+/* Let go of the parked readers once no find probes (and no request of the
+ * request path reads). */
+void openshards_release_parked(OpenShards *self)
 {
     PyObject *parked = self->parked;
-    if (self->busy || !parked)
+    if (!parked || __atomic_load_n(&self->busy, __ATOMIC_SEQ_CST))
         return;
     self->parked = NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parked); i++)
@@ -187,8 +188,12 @@ static void release_parked(OpenShards *self)
 static void OpenShards_clear_entries(OpenShards *self)
 {
     for (Py_ssize_t i = 0; i < self->cap; i++) {
-        release_open_entry(self, &self->entries[i]);
+        open_entry_t old = self->entries[i];
+        table_write_lock();
+        memset(&self->entries[i], 0, sizeof(open_entry_t));
         self->used[i] = 0;
+        table_write_unlock();
+        release_open_entry(self, &old);
     }
     self->count = 0;
 }
@@ -213,7 +218,7 @@ static void OpenShards_dealloc(OpenShards *self)
 {
     PyObject_GC_UnTrack(self);
     OpenShards_clear_entries(self);
-    release_parked(self);
+    openshards_release_parked(self);
     PyMem_Free(self->entries);
     PyMem_Free(self->used);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -247,13 +252,20 @@ static PyObject *OpenShards_set(OpenShards *self, PyObject *args)
     if (number >= OPEN_SHARDS_MAX_NUMBER) {
         Py_RETURN_NONE;
     }
-    if (reader != Py_None &&
-        grow_dense((void **)&self->entries, sizeof(open_entry_t), &self->used, &self->cap, number, 1024) < 0)
-        return NULL;
-    if (number >= self->cap)
-        Py_RETURN_NONE; /* forgetting an entry never held */
     if (reader != Py_None && !reader_ready((Reader *)reader))
         return NULL;
+    /* the arrays may move and the entry changes: the request path must not
+     * be reading them (sfs_table_lock) */
+    table_write_lock();
+    if (reader != Py_None &&
+        grow_dense((void **)&self->entries, sizeof(open_entry_t), &self->used, &self->cap, number, 1024) < 0) {
+        table_write_unlock();
+        return NULL;
+    }
+    if (number >= self->cap) {
+        table_write_unlock();
+        Py_RETURN_NONE; /* forgetting an entry never held */
+    }
     open_entry_t *e = &self->entries[number];
     open_entry_t old = *e;
     memset(e, 0, sizeof(*e)); /* never a stale member left for tp_traverse */
@@ -267,7 +279,9 @@ static PyObject *OpenShards_set(OpenShards *self, PyObject *args)
         self->count++;
     }
     self->used[number] = 0;
+    table_write_unlock();
     release_open_entry(self, &old); /* last: a dealloc may run Python code */
+    openshards_release_parked(self);
     Py_RETURN_NONE;
 }
 
@@ -404,7 +418,7 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
     uint32_t slot = 0;
     uint64_t off = 0, size = 0;
     if (nheld) {
-        self->busy++;
+        __atomic_add_fetch(&self->busy, 1, __ATOMIC_SEQ_CST);
         Py_BEGIN_ALLOW_THREADS
         for (size_t j = 0; j < nheld; j++) {
             SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(held[j], key, &slot, &off, &size));
@@ -414,7 +428,7 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
             }
         }
         Py_END_ALLOW_THREADS
-        self->busy--;
+        __atomic_sub_fetch(&self->busy, 1, __ATOMIC_SEQ_CST);
     }
     size_t probed = hit < nheld ? hit + 1 : nheld;
     if (count)
@@ -444,7 +458,7 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
         Py_INCREF(Py_None);
         result = Py_None;
     }
-    release_parked(self);
+    openshards_release_parked(self);
     return result;
 }
 static PyObject *OpenShards_get_probes(OpenShards *self, void *closure)

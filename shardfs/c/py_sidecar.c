@@ -255,10 +255,10 @@ PyObject *build_sidecar(PyObject *module, PyObject *args, PyObject *kwds)
 
 /* The struct is in py_module.h: OpenShards.find reads the compact arrays. */
 
-static void release_number(SidecarSet *self, Py_ssize_t i)
+/* Let go of a sidecar taken out of the set (after the table lock is
+ * released: this may close it and run its dealloc). */
+static void release_sidecar(Sidecar *sc)
 {
-    Sidecar *sc = (Sidecar *)self->sidecars[i];
-    self->sidecars[i] = NULL;
     if (sc) {
         if (--sc->users == 0 && sc->closed) {
             sfs_sidecar_close(sc->sc);
@@ -270,8 +270,9 @@ static void release_number(SidecarSet *self, Py_ssize_t i)
 
 static void SidecarSet_dealloc(SidecarSet *self)
 {
+    /* no request reads a set being deallocated: no table lock */
     for (Py_ssize_t i = 0; i < self->len; i++)
-        release_number(self, i);
+        release_sidecar((Sidecar *)self->sidecars[i]);
     PyMem_Free(self->sidecars);
     PyMem_Free(self->active);
     PyMem_Free(self->packed);
@@ -307,11 +308,15 @@ static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
         if (!sidecar_ready((Sidecar *)obj))
             return NULL;
     }
-    if (grow_dense((void **)&self->sidecars, sizeof(PyObject *), &self->active, &self->cap, i, 16) < 0)
+    table_write_lock(); /* the arrays may move; packed is stale from now on */
+    if (grow_dense((void **)&self->sidecars, sizeof(PyObject *), &self->active, &self->cap, i, 16) < 0) {
+        table_write_unlock();
         return NULL;
+    }
     if (i >= self->len)
         self->len = i + 1;
-    release_number(self, i);
+    Sidecar *old = (Sidecar *)self->sidecars[i];
+    self->sidecars[i] = NULL;
     if (obj != Py_None) {
         Py_INCREF(obj);
         ((Sidecar *)obj)->users++;
@@ -319,6 +324,8 @@ static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
     }
     self->active[i] = 1;
     self->dirty = 1;
+    table_write_unlock();
+    release_sidecar(old);
     Py_RETURN_NONE;
 }
 
@@ -329,19 +336,26 @@ static PyObject *SidecarSet_remove(SidecarSet *self, PyObject *arg)
     if (number_arg(arg, &i) < 0)
         return NULL;
     if (i < self->len && self->active[i]) {
-        release_number(self, i);
+        table_write_lock();
+        Sidecar *old = (Sidecar *)self->sidecars[i];
+        self->sidecars[i] = NULL;
         self->active[i] = 0;
         self->dirty = 1;
+        table_write_unlock();
+        release_sidecar(old);
     }
     Py_RETURN_NONE;
 }
 
+/* Rebuild the compact arrays (under the table lock: the request path reads
+ * them). Returns 0, or -1 with MemoryError set. */
 int sidecar_set_pack(SidecarSet *self)
 {
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < self->len; i++)
         n += self->active[i];
     size_t want = (size_t)(n ? n : 1);
+    table_write_lock();
     sfs_sidecar_t **packed = PyMem_Realloc(self->packed, want * sizeof(*packed));
     if (packed)
         self->packed = packed;
@@ -352,6 +366,7 @@ int sidecar_set_pack(SidecarSet *self)
     if (out)
         self->out = out;
     if (!packed || !numbers || !out) {
+        table_write_unlock();
         PyErr_NoMemory();
         return -1;
     }
@@ -365,6 +380,7 @@ int sidecar_set_pack(SidecarSet *self)
     }
     self->nactive = n;
     self->dirty = 0;
+    table_write_unlock();
     return 0;
 }
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import select
 import signal
 import stat
 import threading
@@ -72,6 +71,8 @@ from shardfs.fuse.shared import SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
+#: Signals the coordinator's loop acts on (see `Coordinator._take`).
+LOOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
 #: Seconds to wait for INIT, and for the new mount to answer a stat.
 READY_TIMEOUT = 10.0
 #: Seconds file events are left to settle before a rescan.
@@ -176,6 +177,17 @@ def open_object_inodes(mnt_id: int) -> Set[int]:
     return inodes
 
 
+def _closing(fd: int) -> None:
+    """Tell trio that `fd` is about to be closed (a task waiting for it
+    gets ClosedResourceError), when trio runs."""
+    try:
+        import trio
+
+        trio.lowlevel.notify_closing(fd)
+    except RuntimeError:  # not in trio: nothing waits for it
+        pass
+
+
 class Coordinator:
     """Serve `fs` (whose shard set it owns from now on) on `mountpoint`
     with `workers` worker processes; see the module's docstring.
@@ -206,13 +218,13 @@ class Coordinator:
         self._positions: Dict[int, int] = {}  # worker pid -> position
         self._restarts: Dict[int, List[float]] = {}
         self._builder: Optional[dict] = None  # the sidecar builder: see _start_builder
-        self._poller = select.poll()
         self._removed_at: Dict[int, float] = {}  # number -> monotonic time of the removal
         self._close_check_at = 0.0
         self._mnt_id: Optional[int] = None
         self._deleted: Dict[int, Set[int]] = {}  # number -> slots found deleted
         self._signals: List[int] = []
-        self._wakeup = (-1, -1)
+        self._interrupts = 0
+        self._wake: Any = None  # trio.Event: set to make the loop turn
         self._inotify = None
         self._watched: Dict[int, str] = {}  # watch descriptor -> directory
         self._rescan_at: Optional[float] = None
@@ -303,7 +315,7 @@ class Coordinator:
     def _spawn(self, position: int) -> None:
         pid = os.fork()
         if pid == 0:
-            fds = tuple(fd for fd in self._wakeup if fd >= 0) + self.private_fds
+            fds = self.private_fds
             if self._inotify is not None:
                 fds += (self._inotify.fileno(),)
             worker_mod.run(self.fs, self.session, self.state, position, self.pid, WORKER_THREADS, close_fds=fds)
@@ -381,71 +393,109 @@ class Coordinator:
     # ---------------------------------------------------------- the loop
 
     def _install_signals(self) -> None:
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._wakeup = (r, w)
-        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        """Until the loop runs: remember the signals that stop the mount or
+        ask for a rescan (the loop takes them over, and these, at start)."""
 
         def handler(signum: int, frame: object) -> None:
             self._signals.append(signum)
 
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        for signum in LOOP_SIGNALS:
             signal.signal(signum, handler)
 
     def _loop(self) -> int:
+        """Run the coordinator's loop (`_main`) on trio; returns the exit
+        status."""
+        import trio
+
+        return trio.run(self._main)
+
+    async def _main(self) -> int:
         """Until the session ends or a signal stops it: reap children, do
-        what is due (rescan, names to forget, shards to close, the next
-        sidecar build), then wait for a signal, a file event or a deadline.
-        The work comes before the wait, so a sidecar build finishing starts
-        the next one at once."""
-        poller = self._poller
-        poller.register(self._wakeup[0], select.POLLIN)
-        if self._inotify is not None:
-            poller.register(self._inotify.fileno(), select.POLLIN)
-        interrupts = 0
-        while True:
-            self._reap()
-            if self._ended and not self._positions:
-                return 0
-            if self._stopping:
-                return 0 if interrupts else 1
-            if self._rescan_at is not None and time.monotonic() >= self._rescan_at:
-                self._rescan_at = None
-                self._follow()
-            if self.catalog is not None and time.monotonic() >= self._poll_at:
-                self._sync_catalog()
-            self._forget_names()
-            self._close_unused()
-            self._start_builder()
-            if self._publish_at is not None and time.monotonic() >= self._publish_at:
-                self._publish()
-            timeout = 0.0 if self._forget else 1.0
-            if self._publish_at is not None:
-                timeout = max(0.0, min(timeout, self._publish_at - time.monotonic()))
-            if self._rescan_at is not None:
-                timeout = max(0.0, min(timeout, self._rescan_at - time.monotonic()))
-            if self.catalog is not None:
-                timeout = max(0.0, min(timeout, self._poll_at - time.monotonic()))
-            for fd, _ in poller.poll(int(timeout * 1000)):
-                if fd == self._wakeup[0]:
-                    try:
-                        while os.read(fd, 512):
-                            pass
-                    except BlockingIOError:
-                        pass
-                elif self._inotify is not None and fd == self._inotify.fileno():
-                    self._read_events()
-                elif self._builder is not None and fd == self._builder["fd"]:
-                    self._read_builder()
-            signals, self._signals = self._signals, []
-            for signum in signals:
-                if signum in (signal.SIGINT, signal.SIGTERM):
-                    interrupts += 1
-                    log.info("got signal %d: unmounting", signum)
-                    self._stopping = True
-                elif signum == signal.SIGHUP:
-                    log.info("got SIGHUP: rescanning the shards")
-                    self._check_all = True
-                    self._rescan_at = time.monotonic()
+        what is due (rescan, winery poll, names to forget, shards to close,
+        the next sidecar or index build, a publication), then wait for a
+        signal, a file event, the builder's report or the next deadline.
+        One nursery holds the tasks that wait: signals, inotify readiness,
+        the builder's pipe. The work comes before the wait, so a build
+        finishing starts the next one at once."""
+        import trio
+
+        self._wake = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._take_signals)
+            if self._inotify is not None:
+                nursery.start_soon(self._when_readable, self._inotify.fileno(), self._read_events,
+                                   lambda: self._inotify is not None)
+            watched = None
+            while True:
+                self._take(self._signals)
+                self._reap()
+                if self._ended and not self._positions:
+                    status = 0
+                    break
+                if self._stopping:
+                    status = 0 if self._interrupts else 1
+                    break
+                if self._rescan_at is not None and time.monotonic() >= self._rescan_at:
+                    self._rescan_at = None
+                    self._follow()
+                if self.catalog is not None and time.monotonic() >= self._poll_at:
+                    self._sync_catalog()
+                self._forget_names()
+                self._close_unused()
+                self._start_builder()
+                if self._builder is not None and self._builder["fd"] != watched:
+                    watched = self._builder["fd"]
+                    nursery.start_soon(self._when_readable, watched, self._read_builder,
+                                       lambda fd=watched: self._builder is not None and self._builder["fd"] == fd)
+                if self._publish_at is not None and time.monotonic() >= self._publish_at:
+                    self._publish()
+                deadlines = [time.monotonic() + (0.0 if self._forget else 1.0)]
+                deadlines += [t for t in (self._publish_at, self._rescan_at) if t is not None]
+                if self.catalog is not None:
+                    deadlines.append(self._poll_at)
+                with trio.move_on_after(max(0.0, min(deadlines) - time.monotonic())):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+            nursery.cancel_scope.cancel()
+        return status
+
+    async def _take_signals(self) -> None:
+        import trio
+
+        with trio.open_signal_receiver(*LOOP_SIGNALS) as signals:
+            async for signum in signals:
+                self._signals.append(signum)
+                self._wake.set()
+
+    async def _when_readable(self, fd: int, read: Callable[[], None], open_: Callable[[], bool]) -> None:
+        """Call `read()` whenever `fd` is readable, while `open_()` says
+        it is still open (checked before each wait: no other task runs
+        between the check and the wait, and `_closing` before `os.close`
+        ends a wait in progress)."""
+        import trio
+
+        try:
+            while open_():
+                await trio.lowlevel.wait_readable(fd)
+                read()
+                self._wake.set()
+        except trio.ClosedResourceError:
+            pass
+
+    def _take(self, signals: List[int]) -> None:
+        """Act on `signals` (emptied): SIGINT and SIGTERM stop the mount,
+        SIGHUP asks for a rescan and a check of every shard; SIGCHLD only
+        wakes the loop (which reaps)."""
+        for signum in signals:
+            if signum in (signal.SIGINT, signal.SIGTERM):
+                self._interrupts += 1
+                log.info("got signal %d: unmounting", signum)
+                self._stopping = True
+            elif signum == signal.SIGHUP:
+                log.info("got SIGHUP: rescanning the shards")
+                self._check_all = True
+                self._rescan_at = time.monotonic()
+        signals.clear()
 
     # ---------------------------------------------------- following files
 
@@ -865,7 +915,6 @@ class Coordinator:
         # hold stays on its own filter rather than forking builds forever.
         self._index_tried.update(m.number for m in unindexed)
         os.set_blocking(r, False)
-        self._poller.register(r, select.POLLIN)
         self._builder = {"pid": pid, "fd": r, "directory": directory, "todo": todo,
                          "done": set(), "partial": b""}
 
@@ -912,7 +961,7 @@ class Coordinator:
                         member.sidecar_failed = True
                         log.warning("%s: the sidecar builder died (%d) on it", member.path, exited)
                         break
-            self._poller.unregister(b["fd"])
+            _closing(b["fd"])
             os.close(b["fd"])
             self._builder = None
             published = published or self._publish_at is not None
@@ -922,13 +971,8 @@ class Coordinator:
     # ------------------------------------------------------------ closing
 
     def _close(self) -> None:
-        for fd in self._wakeup:
-            if fd >= 0:
-                os.close(fd)
-        if self._wakeup[1] >= 0:
-            signal.set_wakeup_fd(-1)
-        self._wakeup = (-1, -1)
         if self._inotify is not None:
+            _closing(self._inotify.fileno())
             self._inotify.close()
             self._inotify = None
         if self.state is not None:

@@ -47,7 +47,6 @@ from mounting import (
 
 pytestmark = needs_fuse
 
-pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
 
 EMPTY_KEY = key_of(b"")

@@ -83,7 +83,7 @@ def pytest_runtest_makereport(item, call):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
     """So does a whole module skipped as it is collected
-    (pytest.importorskip("pyfuse3") at module level)."""
+    (pytest.importorskip at module level)."""
     outcome = yield
     _fail_skip_under_ci(outcome.get_result())
 

@@ -919,7 +919,7 @@ def _fuse_importable():
     return True
 
 
-@pytest.mark.skipif(not _fuse_importable(), reason="shardfs.fuse (pyfuse3) not importable")
+@pytest.mark.skipif(not _fuse_importable(), reason="shardfs.fuse not importable")
 def test_mount_and_umount_errors(built, tmp_path):
     shard, _ = built
     mp = tmp_path / "mp"

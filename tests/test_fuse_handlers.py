@@ -1,7 +1,13 @@
 """The FUSE request handlers (shardfs.fuse.handlers.ShardFS) called
 directly, without the kernel: no mount, no /dev/fuse, no root, so this runs
-everywhere pyfuse3 is installed. What a mount answers through the kernel is
-tested in test_fuse.py.
+everywhere. The handlers are plain synchronous methods that the C request
+path (shardfs._shardfs.Session, shardfs/c/py_ll_ops.c) calls for LOOKUP,
+GETATTR, READ, READDIRPLUS, STATFS, ACCESS, GETXATTR and LISTXATTR; they
+return plain values or raise `FUSEError`. What C answers alone (OPEN with
+write flags and every write: EROFS; FORGET; the cache timeouts it puts in
+its replies) is tested through a real mount in test_fuse.py
+(test_writes_are_erofs, test_forget_then_lookup_again,
+test_kernel_caches_names_and_negative_entries).
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ import os
 import pytest
 from mounting import build_shard, make_blobs
 
-pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
 
 
@@ -25,57 +30,211 @@ def corpus(tmp_path_factory):
     return path, objects
 
 
-def test_handlers_bookkeeping(corpus):
-    """lookup counts, forget, negative entries and read-only answers."""
-    import trio
+class Reply:
+    """What the C request path hands `readdir` (a DirBuffer): `add` returns
+    False, without taking the entry, once `room` entries were taken."""
 
-    from shardfs.fuse.handlers import CACHE_TIMEOUT, ENTRY_TIMEOUT, ShardFS
-    from shardfs.fuse.layout import object_inode
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.entries = []
+
+    def add(self, name, ino, is_dir, size, time_ns, next_id) -> bool:
+        if len(self.entries) >= self.room:
+            return False
+        self.entries.append((name, ino, is_dir, size, time_ns, next_id))
+        return True
+
+
+def test_handlers_bookkeeping(corpus):
+    """Inodes carry their location (same key, same inode = object_inode(0,
+    slot); getattr of an inode answered by a ShardFS that never looked it
+    up), bogus inodes are ENOENT or ESTALE, bad names are negative entries
+    (None), unknown xattrs ENODATA, access for writing EROFS."""
+    from shardfs.fuse.handlers import FUSEError, ShardFS
+    from shardfs.fuse.layout import ROOT_INODE, object_inode
     from shardfs.fuse.shardset import ShardSet
 
     path, objects = corpus
     key = sorted(objects)[0]
     shards = ShardSet(cache_dir=str(path.parent / "cache"))
+    member = shards.add(str(path))
+    shard = member.shard
+    try:
+        fs = ShardFS(shards)
+        a1 = fs.lookup(ROOT_INODE, key.encode())
+        a2 = fs.lookup(ROOT_INODE, key.encode())
+        inode = object_inode(0, shard.slot_of(bytes.fromhex(key)))
+        assert a1 == a2
+        ino, is_dir, size, time_ns = a1
+        assert ino == inode and not is_dir and size == len(objects[key])
+        assert abs(time_ns - os.stat(path).st_mtime_ns) < 1000  # the shard's mtime
+        assert fs.getattr(inode) == a1
+        # The inode carries its location: a ShardFS that never looked the
+        # key up (another worker, or after the kernel's FORGET, which C
+        # answers without telling the handlers) answers it too.
+        other = ShardFS(shards)
+        assert other.getattr(inode) == a1
+        assert other.read(inode, 0, 1 << 20) == objects[key]
+        other.close()
+        # Directories: the root, "." and "..".
+        assert fs.getattr(ROOT_INODE)[:3] == (ROOT_INODE, True, 0)
+        assert fs.lookup(ROOT_INODE, b".")[:2] == (ROOT_INODE, True)
+        assert fs.lookup(ROOT_INODE, b"..")[:2] == (ROOT_INODE, True)
+        # A slot past the index names nothing; a shard not served (any
+        # more) is stale: the kernel looks the name up again.
+        for bogus, code in ((object_inode(0, shard.slot_count), errno.ENOENT),
+                            (object_inode(7, 0), errno.ESTALE)):
+            for call in (fs.getattr, fs.listxattr, lambda i: fs.access(i, os.R_OK),
+                         lambda i: fs.read(i, 0, 10)):
+                with pytest.raises(FUSEError) as exc:
+                    call(bogus)
+                assert exc.value.errno == code, (bogus, call)
+        # An object is no directory.
+        for call in (lambda: fs.lookup(inode, key.encode()), lambda: fs.readdir(inode, 0, Reply(10))):
+            with pytest.raises(FUSEError) as exc:
+                call()
+            assert exc.value.errno == errno.ENOTDIR
+        for bad in (b"nothex", key.upper().encode(), key[:-1].encode(), key.encode() + b"0",
+                    hashlib.sha256(b"?").hexdigest().encode()):
+            assert fs.lookup(ROOT_INODE, bad) is None, bad
+        for where, name in ((ROOT_INODE, b"user.x"), (inode, b"user.x"), (inode, b"user.shardfs.requests")):
+            with pytest.raises(FUSEError) as exc:
+                fs.getxattr(where, name)
+            assert exc.value.errno == errno.ENODATA
+        assert fs.getxattr(inode, b"user.shardfs.shard") == os.fsencode(str(path))
+        assert sorted(fs.listxattr(inode)) == [b"user.shardfs.offset", b"user.shardfs.shard"]
+        assert sorted(fs.listxattr(ROOT_INODE)) == [b"user.shardfs.requests", b"user.shardfs.stats"]
+        for where in (inode, ROOT_INODE):
+            with pytest.raises(FUSEError) as exc:
+                fs.access(where, os.W_OK)
+            assert exc.value.errno == errno.EROFS
+            with pytest.raises(FUSEError) as exc:
+                fs.access(where, os.R_OK | os.W_OK)
+            assert exc.value.errno == errno.EROFS
+            assert fs.access(where, os.R_OK) is None
+            assert fs.access(where, os.F_OK) is None
+        assert fs.statfs() == ((shard.extent + 4095) // 4096, len(objects))
+        # The handlers the C path used to reach and answers alone now.
+        for name in ("open", "release", "flush", "forget", "opendir", "releasedir", "setattr", "mknod",
+                     "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "create", "write",
+                     "setxattr", "removexattr", "ioctl"):
+            assert not hasattr(fs, name), name
+        fs.close()
+    finally:
+        shards.close()
+
+
+def test_read_clips_at_the_object_end(corpus):
+    """READ (which carries the inode in no-open mode) answers exactly the
+    bytes asked for, clipped at the object's end, b"" at or past it."""
+    from shardfs.fuse.handlers import ShardFS
+    from shardfs.fuse.layout import object_inode
+    from shardfs.fuse.shardset import ShardSet
+
+    path, objects = corpus
+    shards = ShardSet(cache_dir=str(path.parent / "cache-read"))
     shard = shards.add(str(path)).shard
     try:
         fs = ShardFS(shards)
+        for key, data in list(objects.items())[:50] + [(hashlib.sha256(b"").hexdigest(), b"")]:
+            inode = object_inode(0, shard.slot_of(bytes.fromhex(key)))
+            n = len(data)
+            for off, size in ((0, 1 << 17), (0, 1), (1, 7), (n // 2, n), (max(n - 1, 0), 10), (n, 10),
+                              (n + 1, 10), (0, 0)):
+                assert fs.read(inode, off, size) == data[off:off + size], (key, off, size)
+        fs.close()
+    finally:
+        shards.close()
 
-        async def main():
-            a1 = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
-            a2 = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
-            assert a1.st_ino == a2.st_ino == object_inode(0, shard.slot_of(bytes.fromhex(key)))
-            assert a1.entry_timeout >= CACHE_TIMEOUT and a1.attr_timeout >= CACHE_TIMEOUT
-            await fs.forget([(a1.st_ino, 2)])
-            # The inode carries its location: still answered after forget.
-            assert (await fs.getattr(a1.st_ino, None)).st_size == len(objects[key])
-            # A slot past the index names nothing; a shard not served (any
-            # more) is stale: the kernel looks the name up again.
-            for bogus, code in ((object_inode(0, shard.slot_count), errno.ENOENT),
-                                (object_inode(7, 0), errno.ESTALE)):
-                with pytest.raises(pyfuse3.FUSEError) as exc:
-                    await fs.getattr(bogus, None)
-                assert exc.value.errno == code
-            for bad in (b"nothex", key.upper().encode(), key[:-1].encode(), hashlib.sha256(b"?").hexdigest().encode()):
-                neg = await fs.lookup(pyfuse3.ROOT_INODE, bad, None)
-                assert neg.st_ino == 0 and neg.entry_timeout == ENTRY_TIMEOUT
-            with pytest.raises(pyfuse3.FUSEError) as exc:
-                await fs.getxattr(pyfuse3.ROOT_INODE, b"user.x", None)
-            assert exc.value.errno == errno.ENODATA
-            a = await fs.lookup(pyfuse3.ROOT_INODE, key.encode(), None)
-            for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_APPEND):
-                with pytest.raises(pyfuse3.FUSEError) as exc:
-                    await fs.open(a.st_ino, flags, None)
-                assert exc.value.errno == errno.EROFS
-            with pytest.raises(pyfuse3.FUSEError) as exc:
-                await fs.access(a.st_ino, os.W_OK, None)
-            assert exc.value.errno == errno.EROFS
-            assert await fs.access(a.st_ino, os.R_OK, None)
-            for name in ("setattr", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "create", "write", "setxattr", "removexattr"):
-                with pytest.raises(pyfuse3.FUSEError) as exc:
-                    await getattr(fs, name)(1, b"x", b"y", None, None, None)
-                assert exc.value.errno == errno.EROFS, name
 
-        trio.run(main)
+def test_removed_shard_reads_but_is_not_found(corpus):
+    """A removed shard (the coordinator keeps it REMOVED_READ_SECONDS before
+    closing it): its keys are negative entries and its inodes stale for
+    lookups and attributes, but READ, which the kernel sends for files
+    opened before (no-open mode: the mount is not told when they are
+    closed), still answers its bytes."""
+    from shardfs.fuse.handlers import FUSEError, ShardFS
+    from shardfs.fuse.layout import ROOT_INODE, object_inode
+    from shardfs.fuse.shardset import ShardSet
+
+    path, objects = corpus
+    key = sorted(objects)[1]
+    shards = ShardSet(cache_dir=str(path.parent / "cache-removed"))
+    member = shards.add(str(path))
+    try:
+        fs = ShardFS(shards)
+        inode = object_inode(0, member.shard.slot_of(bytes.fromhex(key)))
+        assert fs.lookup(ROOT_INODE, key.encode())[0] == inode
+        shards.remove(member)
+        assert fs.lookup(ROOT_INODE, key.encode()) is None
+        with pytest.raises(FUSEError) as exc:
+            fs.getattr(inode)
+        assert exc.value.errno == errno.ESTALE
+        assert fs.read(inode, 0, 1 << 17) == objects[key]
+        assert fs.statfs() == (0, 0)
+        fs.close()
+    finally:
+        shards.close()
+
+
+def test_unexpected_exception_is_eio(corpus, monkeypatch, caplog):
+    """A handler that fails with anything but FUSEError raises
+    FUSEError(EIO) (and logs why): the C caller answers the errno."""
+    from shardfs.fuse.handlers import FUSEError, ShardFS
+    from shardfs.fuse.layout import ROOT_INODE
+    from shardfs.fuse.shardset import ShardSet
+
+    path, objects = corpus
+    key = sorted(objects)[2]
+    shards = ShardSet(cache_dir=str(path.parent / "cache-eio"))
+    shards.add(str(path))
+    try:
+        fs = ShardFS(shards)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("broken shard set")
+
+        monkeypatch.setattr(shards, "find", broken)
+        with pytest.raises(FUSEError) as exc:
+            fs.lookup(ROOT_INODE, key.encode())
+        assert exc.value.errno == errno.EIO
+        assert "broken shard set" in caplog.text
+        monkeypatch.undo()
+        assert fs.lookup(ROOT_INODE, key.encode())[2] == len(objects[key])
+        fs.close()
+    finally:
+        shards.close()
+
+
+def test_readdir_flat_root_resumes_at_next_id(corpus):
+    """READDIRPLUS of a flat root into replies that take a few entries
+    each: resumed at the last next_id taken, the listing holds every key
+    once, with the inode and size a lookup gives."""
+    from shardfs.fuse.handlers import ShardFS
+    from shardfs.fuse.layout import ROOT_INODE
+    from shardfs.fuse.shardset import ShardSet
+
+    path, objects = corpus
+    shards = ShardSet(cache_dir=str(path.parent / "cache-readdir"))
+    shards.add(str(path))
+    try:
+        fs = ShardFS(shards)
+        listed = []
+        position = 0
+        for _ in range(1000):
+            reply = Reply(37)
+            assert fs.readdir(ROOT_INODE, position, reply) is None
+            if not reply.entries:
+                break
+            listed += reply.entries
+            position = reply.entries[-1][5]
+        names = [e[0].decode() for e in listed]
+        assert len(names) == len(set(names)) == len(objects)
+        assert set(names) == set(objects)
+        for name, ino, is_dir, size, time_ns, _ in listed[:60]:
+            assert not is_dir
+            assert fs.lookup(ROOT_INODE, name) == (ino, False, size, time_ns)
+            assert size == len(objects[name.decode()])
         fs.close()
     finally:
         shards.close()

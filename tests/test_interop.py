@@ -370,7 +370,6 @@ def _can_mount():
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         return False
     try:
-        import pyfuse3  # noqa: F401
         from shardfs.fuse import mount  # noqa: F401
     except ImportError:
         return False
@@ -394,7 +393,7 @@ def mountpoint(tmp_path):
         subprocess.run(["fusermount3", "-u", "-z", str(mp)], timeout=TIMEOUT)
 
 
-@pytest.mark.skipif(not _can_mount(), reason="needs /dev/fuse, fusermount3, pyfuse3, shardfs.fuse")
+@pytest.mark.skipif(not _can_mount(), reason="needs /dev/fuse, fusermount3, shardfs.fuse")
 def test_swh_shard_with_deletions_mounts(tmp_path, mountpoint):
     """A shard built, then partly deleted, by swh-shard serves through
     ``shardfs mount``: one file per live object, named by its hex key, with

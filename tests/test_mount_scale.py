@@ -56,7 +56,6 @@ from mounting import (
 
 pytestmark = needs_fuse
 
-pyfuse3 = pytest.importorskip("pyfuse3")
 shardfs = pytest.importorskip("shardfs")
 
 LONG_TIMEOUT = 300  # find over a million entries, rsync/tar of 100,000 files

@@ -148,8 +148,8 @@ def test_read_clips_at_the_object_end(corpus):
 
 
 def test_removed_shard_reads_but_is_not_found(corpus):
-    """A removed shard (the coordinator keeps it REMOVED_READ_SECONDS before
-    closing it): its keys are negative entries and its inodes stale for
+    """A removed shard (the coordinator keeps it until no process has a file
+    open on it): its keys are negative entries and its inodes stale for
     lookups and attributes, but READ, which the kernel sends for files
     opened before (no-open mode: the mount is not told when they are
     closed), still answers its bytes."""

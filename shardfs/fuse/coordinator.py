@@ -469,14 +469,17 @@ class Coordinator:
 
     async def _when_readable(self, fd: int, read: Callable[[], None], open_: Callable[[], bool]) -> None:
         """Call `read()` whenever `fd` is readable, while `open_()` says
-        it is still open (checked before each wait: no other task runs
-        between the check and the wait, and `_closing` before `os.close`
-        ends a wait in progress)."""
+        it is still open: checked before each wait and before each read
+        (other tasks run between the wake-up and the read: the loop may
+        have closed it; `_closing` before `os.close` ends a wait in
+        progress)."""
         import trio
 
         try:
             while open_():
                 await trio.lowlevel.wait_readable(fd)
+                if not open_():
+                    break
                 read()
                 self._wake.set()
         except trio.ClosedResourceError:

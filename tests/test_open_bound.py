@@ -19,6 +19,7 @@ import pytest
 from mounting import SHARDFS, mount_processes, needs_fuse, run, wait_until, worker_pids
 from shardfs import ShardWriter
 from shardfs.fuse.shardset import FD_RESERVE, ShardSet, default_max_open
+from shardfs.fuse.coordinator import KEEP_INTERVAL
 from shardfs.gindex import IndexSet, index_dir
 
 from test_global_index import sha
@@ -109,6 +110,22 @@ def _open_shard_files(pid: int, shard_dir: Path) -> int:
     return count
 
 
+def _has_open(pid: int, path: Path) -> bool:
+    """Whether process `pid` has a descriptor open on `path`."""
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(os.path.join(fd_dir, name)) == str(path):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def _mapped_shard_files(pid: int, shard_dir: Path) -> int:
     """Distinct files of `shard_dir` mapped by process `pid`."""
     with open(f"/proc/{pid}/maps") as f:
@@ -153,6 +170,8 @@ def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_pa
 
     # A file open on a shard keeps reading it while every other shard is
     # read (pushing it out of any cache), and after its file is replaced.
+    # (In no-open mode the mount learns of open files from /proc, every
+    # KEEP_INTERVAL seconds or so: then some process keeps the shard open.)
     victim = sorted(contents)[7]
     key, data = next(iter(contents[victim].items()))
     with open(point / key.hex(), "rb", buffering=0) as held:
@@ -160,6 +179,8 @@ def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_pa
             for k in contents[name]:
                 os.stat(point / k.hex())
         assert os.pread(held.fileno(), len(data) + 10, 0) == data
+        assert wait_until(lambda: any(_has_open(pid, shard_dir / victim) for pid in mount_processes(point)),
+                          timeout=5 * KEEP_INTERVAL), "no process keeps open the shard of an open file"
         replacement = objects_of(10_000)
         write(tmp_path / "replacement.shard", replacement)
         os.rename(tmp_path / "replacement.shard", shard_dir / victim)

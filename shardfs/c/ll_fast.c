@@ -388,15 +388,19 @@ int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *na
     table_read_unlock();
     int replied = 0, failed = 0;
     size_t probed = 0;
-    for (size_t j = 0; j < nopen && !replied && !failed; j++) {
+    for (size_t j = 0; j < nopen && !replied; j++) {
         uint32_t slot = 0;
         uint64_t off = 0, size = 0;
         int rc = g_lookup_slot(shards[j], key, &slot, &off, &size);
         probed++;
         if (rc == SFS_ENOTFOUND)
             continue;
+        if (rc == SFS_EGONE) {
+            failed = 1; /* the file shrank: another shard may hold the key, */
+            continue;   /* else the handlers say EIO */
+        }
         if (rc != SFS_OK) {
-            failed = 1; /* corrupt, or the file shrank: the handlers say so */
+            failed = 1; /* corrupt: the handlers say so */
             break;
         }
         /* the READ that follows asks for up to 128 KiB of it: start it now */

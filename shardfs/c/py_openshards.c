@@ -415,6 +415,7 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
     candidates_free(&c);
     int rc = SFS_ENOTFOUND;
     size_t hit = nheld;
+    volatile size_t gone_at = nheld; /* the first candidate whose file shrank */
     uint32_t slot = 0;
     uint64_t off = 0, size = 0;
     if (nheld) {
@@ -422,7 +423,11 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
         Py_BEGIN_ALLOW_THREADS
         for (size_t j = 0; j < nheld; j++) {
             SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(held[j], key, &slot, &off, &size));
-            if (rc != SFS_ENOTFOUND) {
+            if (rc == SFS_EGONE && gone_at == nheld) {
+                gone_at = j; /* told only if no other candidate holds the key */
+                continue;
+            }
+            if (rc != SFS_ENOTFOUND && rc != SFS_EGONE) {
                 hit = j;
                 break;
             }
@@ -454,6 +459,8 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
         }
     } else if (missing >= 0) {
         result = PyLong_FromLongLong(missing);
+    } else if (gone_at < nheld) {
+        gone(sfs_path(held[gone_at]));
     } else {
         Py_INCREF(Py_None);
         result = Py_None;

@@ -65,7 +65,8 @@ from shardfs import sidecar as sidecar_mod
 from shardfs.errors import ShardError
 from shardfs.fuse import worker as worker_mod
 from shardfs.fuse.handlers import ShardFS
-from shardfs.fuse.layout import DB_INODE_FLAG, OBJECT_SHIFT, object_inode
+from shardfs.fuse.layout import object_inode
+from shardfs.fuse.openfiles import OpenFiles
 from shardfs.fuse.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
 from shardfs.fuse.shared import SharedState
 
@@ -79,6 +80,9 @@ READY_TIMEOUT = 10.0
 SETTLE_SECONDS = 0.2
 #: Seconds after its removal before a shard with no open file is closed.
 CLOSE_GRACE = 1.0
+#: Seconds between two looks for the shards with files open on the mount
+#: (`Coordinator._keep_open_files`), at least.
+KEEP_INTERVAL = 1.0
 #: Most threads serving in each worker process (started as requests wait:
 #: reads that wait for the device do not stall the others).
 WORKER_THREADS = 4
@@ -136,47 +140,6 @@ def index_batches(members: Sequence[MountedShard]) -> "Iterator[List[MountedShar
         yield batch
 
 
-def mount_id(mountpoint: str) -> Optional[int]:
-    """The mount ID (/proc/self/mountinfo's first field, fdinfo's mnt_id)
-    of the filesystem mounted last on `mountpoint`, None if none is."""
-    found = None
-    target = os.path.abspath(mountpoint)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4].replace("\\040", " ") == target:
-                found = int(fields[0])
-    return found
-
-
-def open_object_inodes(mnt_id: int) -> Set[int]:
-    """Inodes of the files open on mount `mnt_id` in any process this one
-    may look at (every one, for root): read from /proc/PID/fdinfo/N (its
-    mnt_id and ino lines), without touching the files themselves."""
-    inodes: Set[int] = set()
-    want = b"mnt_id:\t%d\n" % mnt_id
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        fdinfo = f"/proc/{pid}/fdinfo"
-        try:
-            fds = os.listdir(fdinfo)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                with open(f"{fdinfo}/{fd}", "rb") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            if want not in text:
-                continue
-            at = text.find(b"\nino:\t")
-            if at >= 0:
-                inodes.add(int(text[at + 6:text.index(b"\n", at + 6)]))
-    return inodes
-
-
 def _closing(fd: int) -> None:
     """Tell trio that `fd` is about to be closed (a task waiting for it
     gets ClosedResourceError), when trio runs."""
@@ -220,7 +183,9 @@ class Coordinator:
         self._builder: Optional[dict] = None  # the sidecar builder: see _start_builder
         self._removed_at: Dict[int, float] = {}  # number -> monotonic time of the removal
         self._close_check_at = 0.0
-        self._mnt_id: Optional[int] = None
+        #: Which shards have files open on the mount (set once mounted).
+        self.open_files: Optional[OpenFiles] = None
+        self._keep_at = 0.0  # when `_keep_open_files` looks again
         self._deleted: Dict[int, Set[int]] = {}  # number -> slots found deleted
         self._signals: List[int] = []
         self._interrupts = 0
@@ -269,6 +234,10 @@ class Coordinator:
         try:
             if not self.session.answer_init(READY_TIMEOUT):
                 raise RuntimeError(f"the kernel sent no INIT request within {READY_TIMEOUT:g} s")
+            # Files opened on the mount keep their shard open in every
+            # process (the workers inherit the set: see OpenFiles).
+            self.open_files = OpenFiles(self.mountpoint)
+            self.shards.in_use = self.open_files.in_use
             log.info("mounted %s", self.description)
             self.state = SharedState(self.nworkers)
             self._publish()
@@ -441,6 +410,7 @@ class Coordinator:
                 if self.catalog is not None and time.monotonic() >= self._poll_at:
                     self._sync_catalog()
                 self._forget_names()
+                self._keep_open_files()
                 self._close_unused()
                 self._start_builder()
                 if self._builder is not None and self._builder["fd"] != watched:
@@ -449,7 +419,7 @@ class Coordinator:
                                        lambda fd=watched: self._builder is not None and self._builder["fd"] == fd)
                 if self._publish_at is not None and time.monotonic() >= self._publish_at:
                     self._publish()
-                deadlines = [time.monotonic() + (0.0 if self._forget else 1.0)]
+                deadlines = [time.monotonic() + (0.0 if self._forget else 1.0), self._keep_at]
                 deadlines += [t for t in (self._publish_at, self._rescan_at) if t is not None]
                 if self.catalog is not None:
                     deadlines.append(self._poll_at)
@@ -734,15 +704,28 @@ class Coordinator:
 
     # ----------------------------------------------------- shard lifetime
 
-    def _shards_with_open_files(self) -> Set[int]:
-        """Numbers of the shards some process has an object file open on
-        (every shard held, if the mount's ID cannot be found)."""
-        if self._mnt_id is None:
-            self._mnt_id = mount_id(self.mountpoint)
-            if self._mnt_id is None:
-                return set(self._removed_at)
-        return {(inode >> OBJECT_SHIFT) - 1 for inode in open_object_inodes(self._mnt_id)
-                if inode >> OBJECT_SHIFT and not inode & DB_INODE_FLAG}
+    def _keep_open_files(self) -> None:
+        """Keep open here every served shard some process has a file open
+        on (looked up in /proc every KEEP_INTERVAL seconds, or 50 times as
+        long as the look takes, whichever is longer): if that shard is then
+        replaced or removed, `_hold` finds it open and the file keeps
+        reading it. The workers may have closed it long ago (a file read
+        from the page cache sends no request), and once its path names
+        another file it cannot be opened again."""
+        now = time.monotonic()
+        if now < self._keep_at or self.open_files is None:
+            return
+        numbers = self.open_files.shards(max_age=0.0)
+        took = time.monotonic() - now
+        self._keep_at = now + max(KEEP_INTERVAL, 50 * took)
+        for number in numbers:
+            member = self.shards.get(number)
+            if member is None or member.removed:
+                continue
+            try:
+                self.shards.open_shard(member)  # kept past the bound while in use
+            except (OSError, ShardError) as exc:
+                log.debug("%s: cannot keep it open: %s", member.path, exc)
 
     def _close_unused(self) -> None:
         """Close removed shards on which no process has a file open, once
@@ -766,7 +749,7 @@ class Coordinator:
             if now - when < CLOSE_GRACE:
                 continue
             if open_shards is None:
-                open_shards = self._shards_with_open_files()
+                open_shards = self.open_files.shards(max_age=0.0)
             if number in open_shards:
                 continue
             del self._removed_at[number]

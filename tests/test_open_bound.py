@@ -171,7 +171,8 @@ def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_pa
     # A file open on a shard keeps reading it while every other shard is
     # read (pushing it out of any cache), and after its file is replaced.
     # (In no-open mode the mount learns of open files from /proc, every
-    # KEEP_INTERVAL seconds or so: then some process keeps the shard open.)
+    # KEEP_INTERVAL seconds, longer when the look is slow (a loaded
+    # machine): then some process keeps the shard open.)
     victim = sorted(contents)[7]
     key, data = next(iter(contents[victim].items()))
     with open(point / key.hex(), "rb", buffering=0) as held:
@@ -180,7 +181,7 @@ def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_pa
                 os.stat(point / k.hex())
         assert os.pread(held.fileno(), len(data) + 10, 0) == data
         assert wait_until(lambda: any(_has_open(pid, shard_dir / victim) for pid in mount_processes(point)),
-                          timeout=5 * KEEP_INTERVAL), "no process keeps open the shard of an open file"
+                          timeout=30 * KEEP_INTERVAL), "no process keeps open the shard of an open file"
         replacement = objects_of(10_000)
         write(tmp_path / "replacement.shard", replacement)
         os.rename(tmp_path / "replacement.shard", shard_dir / victim)

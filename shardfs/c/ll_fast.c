@@ -395,13 +395,9 @@ int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *na
         probed++;
         if (rc == SFS_ENOTFOUND)
             continue;
-        if (rc == SFS_EGONE) {
-            failed = 1; /* the file shrank: another shard may hold the key, */
-            continue;   /* else the handlers say EIO */
-        }
         if (rc != SFS_OK) {
-            failed = 1; /* corrupt: the handlers say so */
-            break;
+            failed = 1; /* the file shrank, or a corrupt slot: another shard */
+            continue;   /* may hold the key, else the handlers say EIO */
         }
         /* the READ that follows asks for up to 128 KiB of it: start it now */
         sfs_prefetch(shards[j], off, size < PREFETCH_BYTES ? size : PREFETCH_BYTES);

@@ -415,7 +415,10 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
     candidates_free(&c);
     int rc = SFS_ENOTFOUND;
     size_t hit = nheld;
-    volatile size_t gone_at = nheld; /* the first candidate whose file shrank */
+    /* the first candidate that could not be probed (its file shrank, or
+     * the slot is corrupt): told only if no other candidate holds the key */
+    volatile size_t failed_at = nheld;
+    volatile int failed_rc = SFS_OK;
     uint32_t slot = 0;
     uint64_t off = 0, size = 0;
     if (nheld) {
@@ -423,13 +426,13 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
         Py_BEGIN_ALLOW_THREADS
         for (size_t j = 0; j < nheld; j++) {
             SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(held[j], key, &slot, &off, &size));
-            if (rc == SFS_EGONE && gone_at == nheld) {
-                gone_at = j; /* told only if no other candidate holds the key */
-                continue;
-            }
-            if (rc != SFS_ENOTFOUND && rc != SFS_EGONE) {
+            if (rc == SFS_OK) {
                 hit = j;
                 break;
+            }
+            if (rc != SFS_ENOTFOUND && failed_at == nheld) {
+                failed_at = j;
+                failed_rc = rc;
             }
         }
         Py_END_ALLOW_THREADS
@@ -443,24 +446,21 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
     PyObject *result = NULL;
     if (hit < nheld) {
         open_entry_t *e = numbers[hit] < self->cap ? &self->entries[numbers[hit]] : NULL;
-        if (rc == SFS_OK) {
-            /* set() may have replaced the entry while the GIL was released:
-             * the answer is only given for the shard still held (else the
-             * caller asks again). */
-            if (e && e->shard == held[hit])
-                result = Py_BuildValue("(OkKK)", e->member, (unsigned long)slot, (unsigned long long)off,
-                                       (unsigned long long)size);
-            else
-                result = PyLong_FromLongLong(numbers[hit]);
-        } else if (rc == SFS_EGONE) {
-            gone(sfs_path(held[hit]));
-        } else {
-            corrupt_slot(held[hit]);
-        }
+        /* set() may have replaced the entry while the GIL was released: the
+         * answer is only given for the shard still held (else the caller
+         * asks again). */
+        if (e && e->shard == held[hit])
+            result = Py_BuildValue("(OkKK)", e->member, (unsigned long)slot, (unsigned long long)off,
+                                   (unsigned long long)size);
+        else
+            result = PyLong_FromLongLong(numbers[hit]);
     } else if (missing >= 0) {
         result = PyLong_FromLongLong(missing);
-    } else if (gone_at < nheld) {
-        gone(sfs_path(held[gone_at]));
+    } else if (failed_at < nheld) {
+        if (failed_rc == SFS_EGONE)
+            gone(sfs_path(held[failed_at]));
+        else
+            corrupt_slot(held[failed_at]);
     } else {
         Py_INCREF(Py_None);
         result = Py_None;

@@ -198,6 +198,41 @@ def test_a_corrupt_slot_raises(tmp_path):
     shard.close()
 
 
+def test_a_candidate_that_cannot_be_probed_does_not_hide_another(tmp_path):
+    """Shard 0's slot of a key held by shards 0 and 1 is corrupt: find
+    answers from shard 1 instead of raising; a key only shard 0 holds still
+    raises (no other candidate holds it)."""
+    paths = [tmp_path / "a.shard", tmp_path / "b.shard"]
+    for i, p in enumerate(paths):
+        build_shard(p, 40, 11 + i, SHARED)
+    shared = sha(SHARED[0])
+    with Shard(paths[0]) as s:
+        slot = s.find(shared)[0]
+        index_position = s.header.index_position
+    runs = []
+    for p in paths:
+        with Shard(p) as s:
+            runs.append((sidecar.identity(s), _shardfs.key_prefixes(s)))
+    with open(paths[0], "r+b") as f:  # the slot's offset points past the file
+        f.seek(index_position + 40 * slot + 32)
+        f.write(struct.pack(">Q", 2**40))
+    level = str(tmp_path / "level")
+    _shardfs.write_global_index(level, runs)
+    shards = [Shard(p) for p in paths]
+    table = OpenShards()
+    for i, s in enumerate(shards):
+        table.set(i, s.reader, "member %d" % i)
+    g = _shardfs.GlobalIndex(level)
+    args = ((g,), (array.array("q", [0, 1]),))
+    found = table.find(shared, *args)
+    assert found[0] == "member 1" and (found[2], found[3]) == shards[1].find(shared)[1:]
+    with pytest.raises(CorruptShardError, match="outside the objects section"):
+        table.find(shared, *args, below=1)  # shard 0 alone
+    g.close()
+    for s in shards:
+        s.close()
+
+
 def test_bad_arguments(level):
     shards, keys, g, numbers, _ = level
     table = OpenShards()

@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 APT_PACKAGES := libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
-	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools \
+	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools erofs-utils \
 	postgresql libpq-dev libsystemd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
@@ -142,6 +142,15 @@ bench-index: venv
 	mkdir -p bench/results && set -o pipefail && \
 	$(PY) bench/index_bench.py $(ARGS) --json bench/results/index.json --md bench/results/index.md \
 	  | tee bench/results/index.log
+
+# Request path: shardfs now (C, no-open mode) against shardfs 2fc8a92 (pyfuse3;
+# built in /work/before), plain files, erofs and squashfuse_ll, same 20,000 objects
+# (bench/request_bench.py; as root; ARGS=--quick for 5,000 objects).
+.PHONY: bench-request
+bench-request: venv
+	mkdir -p bench/results && set -o pipefail && \
+	{ $(PY) -c 'import matplotlib' 2>/dev/null || $(PIP) install -q 'matplotlib>=3.5'; } && \
+	$(PY) bench/request_bench.py $(ARGS) 2>&1 | tee bench/results/request.log
 
 # Winery: random object reads on one winery deployment, winery's own reader
 # against shardfs's WineryStore and a shardfs mount (bench/winery_bench.py).

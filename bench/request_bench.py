@@ -25,16 +25,18 @@ sync; echo 3 > /proc/sys/vm/drop_caches):
           /dev/null; find MP -type f -print0 | xargs -0 -P4 sha256sum
   cpu     user+system CPU of the serving processes (shardfs coordinator and
           workers, squashfuse_ll) during py1, us per object
-Every measure of every target once per round, the targets' order rotated
-each round; medians reported, every run kept in the JSON (with shardfs's
-request counts: root xattr user.shardfs.requests).
+Every measure of every target once per round (5 rounds), the targets' order
+rotated each round; figures are medians over rounds, ratios the median of
+each round's ratio (runs seconds apart: the machine's drift cancels); every
+run is kept in the JSON (with shardfs's request counts: root xattr
+user.shardfs.requests).
 
 Goals for "now" (GOAL <text> <measured> MET|MISS; not measured = MISS): C
 reader cached >= 0.6x plain; Python cold 1 reader >= 0.8x plain; 4 readers
 >= 1.5x squashfuse_ll; warm fio >= 0.95x plain; rsync, tar, sha256sum each
 >= 1x plain; CPU per cold object <= 10 us.
 
-  make bench-request [ARGS=--quick]   (root; writes bench/results/request.{md,json,png})
+  make bench-request [ARGS=--quick]   (root, ~20 min, quick ~4; bench/results/request.{md,json,png})
   .venv/bin/python bench/request_bench.py [--quick] [--rounds N] [--count N]
 """
 import argparse
@@ -372,16 +374,23 @@ def med(runs, m, t, field="value"):
     return statistics.median(vals) if vals else None
 
 
+def ratio(runs, m, t, ref="plain"):
+    """Median over rounds of the ratio of `t`'s figure to `ref`'s in that round."""
+    by = {(r["round"], r["target"]): r["value"] for r in runs if r["measure"] == m and r["value"]}
+    rs = [by[k, t] / by[k, ref] for k in {r["round"] for r in runs} if (k, t) in by and (k, ref) in by]
+    return statistics.median(rs) if rs else None
+
+
 def goals(runs):
     lines = []
 
     def goal(text, m, need, ref="plain"):
-        now, base, before = med(runs, m, "now"), med(runs, m, ref), med(runs, m, "before")
-        if now is None or not base:
+        r, before = ratio(runs, m, "now", ref), ratio(runs, m, "before", ref)
+        if r is None:
             return lines.append(f"GOAL {text} not measured MISS")
-        extra = f"; before {before / base:.2f}x" if before else "; before not measured"
-        lines.append(f"GOAL {text} {now / base:.2f}x ({now:,.0f} vs {base:,.0f}{extra}) "
-                     + ("MET" if now / base >= need else "MISS"))
+        lines.append(f"GOAL {text} {r:.2f}x (medians {med(runs, m, 'now'):,.0f} vs {med(runs, m, ref):,.0f}; "
+                     + ("before not measured" if before is None else f"before {before:.2f}x") + ") "
+                     + ("MET" if r >= need else "MISS"))
     goal("C reader cached >= 0.6x plain files:", "c_warm", 0.6)
     goal("Python reader cold 1 reader >= 0.8x plain files:", "py1", 0.8)
     goal("Python reader cold 4 readers >= 1.5x squashfuse_ll:", "py4", 1.5, "squash")
@@ -400,7 +409,8 @@ def markdown(meta, runs, targets, goal_lines):
     esc = lambda s: s.replace("|", "\\|")  # noqa: E731
     out = ["# Request path: shardfs (C) against shardfs (pyfuse3), plain files, erofs, squashfuse_ll", "",
            f"{meta['date']}; {meta['machine']}; {n:,} objects of 1 B-4 KiB ({meta['bytes'] / 1e6:.1f} MB); "
-           f"median of {meta['rounds']} interleaved rounds (every run in request.json); load average "
+           f"median of {meta['rounds']} interleaved rounds (ratios: median of the rounds' ratios; every run "
+           f"in request.json); load average "
            f"{meta['load_start']} at start, {meta['load_end']} at end. Command: `{meta['command']}`.", "",
            "| measure | " + " | ".join(t.label for t in targets) + " | "
            + " | ".join(f"{t.label} / plain" for t in others) + " |",
@@ -409,7 +419,7 @@ def markdown(meta, runs, targets, goal_lines):
         v = {t.key: med(runs, m, t.key) for t in targets}
         out.append(f"| {esc(label)}, {unit} | " + " | ".join("—" if v[t.key] is None else f"{v[t.key]:,.0f}"
                                                              for t in targets) + " | "
-                   + " | ".join(f"{v[t.key] / v['plain']:.2f}×" if v[t.key] and v["plain"] else "—"
+                   + " | ".join("—" if ratio(runs, m, t.key) is None else f"{ratio(runs, m, t.key):.2f}×"
                                 for t in others) + " |")
     cpu = [med(runs, "py1", t.key, "cpu_us") for t in targets]
     out += ["| serving CPU per cold object (py1), µs | " + " | ".join("—" if c is None else f"{c:.1f}" for c in cpu)
@@ -441,12 +451,12 @@ def plot(path, runs, targets):
     fig, ax = plt.subplots(figsize=(12, 5))
     width = 0.8 / len(others)
     for i, t in enumerate(others):
-        ys = [(med(runs, m, t.key) or 0) / (med(runs, m, "plain") or float("inf")) for m, _, _ in MEASURES]
+        ys = [ratio(runs, m, t.key) or 0 for m, _, _ in MEASURES]
         ax.bar([j + (i - (len(others) - 1) / 2) * width for j in range(len(MEASURES))], ys, width, label=t.label)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="plain files = 1")
     ax.set_yscale("log")
     ax.set_xticks(range(len(MEASURES)), [m for m, _, _ in MEASURES])
-    ax.set_ylabel("median rate / plain files' (log)")
+    ax.set_ylabel("rate / plain files' rate (median of rounds, log)")
     ax.set_title("Same objects five ways, normalised to plain files (higher is better)")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -457,7 +467,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="5,000 objects, 2-s fio runs")
     for opt, kw in (("--count", {}), ("--runtime", {"help": "fio seconds (default 5, quick 2)"}),
-                    ("--rounds", {"default": 3}), ("--seed", {"default": 1}), ("--timeout", {"default": 600})):
+                    ("--rounds", {"default": 5}), ("--seed", {"default": 1}), ("--timeout", {"default": 600})):
         ap.add_argument(opt, type=int, **kw)
     ap.add_argument("--before-venv", default="/work/before/.venv")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -507,9 +517,11 @@ def main(argv=None):
     goal_lines = goals(runs)
     medians = {m: {t.key: med(runs, m, t.key) for t in targets} for m, _, _ in MEASURES}
     medians["cpu_us_per_cold_object"] = {t.key: med(runs, "py1", t.key, "cpu_us") for t in targets}
+    ratios = {m: {t.key: ratio(runs, m, t.key) for t in targets} for m, _, _ in MEASURES}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "request.json"), "w") as f:
-        json.dump({"meta": meta, "medians": medians, "goals": goal_lines, "runs": runs}, f, indent=1)
+        json.dump({"meta": meta, "medians": medians, "ratios_to_plain": ratios, "goals": goal_lines,
+                   "runs": runs}, f, indent=1)
     md = markdown(meta, runs, targets, goal_lines)
     with open(os.path.join(args.out, "request.md"), "w") as f:
         f.write(md)

@@ -10,8 +10,9 @@ read through a descriptor still open on it.
 So the processes of a mount look at the open files themselves: every
 process's ``/proc/PID/fdinfo/N`` gives the mount ID (``mnt_id``) and the
 inode (``ino``) of descriptor N, without touching the file; an object's
-inode names its shard (``shardfs.fuse.layout``). That takes about 13 ms on
-a machine with a few thousand descriptors, so the answer is kept for
+inode names its shard (``shardfs.fuse.layout``). That reads one small
+file per descriptor of the machine (milliseconds for a few thousand), so
+the answer is kept for
 `MAX_AGE` seconds where a slightly old one is fine (deciding which shard a
 process may close when it has too many open) and looked up afresh where it
 is not (closing a removed shard). Processes this one may not look into

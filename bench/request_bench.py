@@ -455,6 +455,10 @@ def plot(path, runs, targets):
         ax.bar([j + (i - (len(others) - 1) / 2) * width for j in range(len(MEASURES))], ys, width, label=t.label)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="plain files = 1")
     ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    ticks = [y for y in (0.05, 0.1, 0.2, 0.5, 1, 2, 5) if lo <= y <= hi]
+    ax.set_yticks(ticks, [f"{y:g}" for y in ticks])
+    ax.minorticks_off()
     ax.set_xticks(range(len(MEASURES)), [m for m, _, _ in MEASURES])
     ax.set_ylabel("rate / plain files' rate (median of rounds, log)")
     ax.set_title("Same objects five ways, normalised to plain files (higher is better)")
@@ -477,7 +481,7 @@ def main(argv=None):
     if os.geteuid() != 0:
         return log("request_bench: must run as root (drop_caches, mount)") or 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally clauses run
-    load_start = os.getloadavg()
+    load_start, versions_start = os.getloadavg(), versions()  # the code mounted is the tree's now
     ds = datasets.ensure("small", args.count, args.seed, log=log)
     work = os.path.join(datasets.DEFAULT_DATA_DIR, f"request-n{args.count}-s{args.seed}")
     os.makedirs(work, exist_ok=True)
@@ -509,7 +513,7 @@ def main(argv=None):
                        f"kernel {platform.release()}",
             "objects": ds.count, "bytes": ds.total_bytes, "rounds": args.rounds, "seed": args.seed,
             "fio_runtime_s": args.runtime, "load_start": " ".join(f"{x:.2f}" for x in load_start),
-            "load_end": " ".join(f"{x:.2f}" for x in os.getloadavg()), "versions": versions(),
+            "load_end": " ".join(f"{x:.2f}" for x in os.getloadavg()), "versions": versions_start,
             "command": " ".join([os.path.relpath(sys.executable, ROOT), os.path.relpath(__file__, ROOT)]
                                 + sys.argv[1:]),
             "targets": {t.key: {"label": t.label, "mount": t.mount_cmd, "not_measured": t.error}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mounting import SHARDFS, mount_processes, needs_fuse, run, wait_until, worker_pids
+from mounting import SHARDFS, daemon_pids, mount_processes, needs_fuse, run, wait_until, worker_pids
 from shardfs import ShardWriter
 from shardfs.fuse.shardset import FD_RESERVE, ShardSet, default_max_open
 from shardfs.fuse.coordinator import KEEP_INTERVAL
@@ -172,7 +172,8 @@ def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_pa
     # read (pushing it out of any cache), and after its file is replaced.
     # (In no-open mode the mount learns of open files from /proc, every
     # KEEP_INTERVAL seconds, longer when the look is slow (a loaded
-    # machine): then some process keeps the shard open.)
+    # machine): then the coordinator keeps the shard open; a worker may
+    # have it open before, and close it to open others.)
     victim = sorted(contents)[7]
     key, data = next(iter(contents[victim].items()))
     with open(point / key.hex(), "rb", buffering=0) as held:
@@ -180,8 +181,8 @@ def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_pa
             for k in contents[name]:
                 os.stat(point / k.hex())
         assert os.pread(held.fileno(), len(data) + 10, 0) == data
-        assert wait_until(lambda: any(_has_open(pid, shard_dir / victim) for pid in mount_processes(point)),
-                          timeout=30 * KEEP_INTERVAL), "no process keeps open the shard of an open file"
+        assert wait_until(lambda: any(_has_open(pid, shard_dir / victim) for pid in daemon_pids(point)),
+                          timeout=30 * KEEP_INTERVAL), "the coordinator does not keep open the shard of an open file"
         replacement = objects_of(10_000)
         write(tmp_path / "replacement.shard", replacement)
         os.rename(tmp_path / "replacement.shard", shard_dir / victim)

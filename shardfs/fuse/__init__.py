@@ -1,7 +1,9 @@
-"""shardfs.fuse — serve a Read Shard as a read-only FUSE filesystem (pyfuse3).
+"""shardfs.fuse — serve Read Shards as a read-only FUSE filesystem.
 
-- `shardfs.fuse.handlers.ShardFS`: the pyfuse3.Operations subclass (the
-  request handlers).
+- The request path is C on libfuse3's low-level API
+  (``shardfs._shardfs.Session``, ``shardfs/c/ll.h``);
+  `shardfs.fuse.handlers.ShardFS` holds the Python handlers it calls for
+  what it does not answer alone (listings, xattrs, winery mounts).
 - `shardfs.fuse.coordinator` and `shardfs.fuse.worker`: the processes that
   serve a mount (docs/workers.md); `shardfs.fuse.shared`: their shared
   memory.
@@ -11,8 +13,8 @@
   ``mount``).
 
 `ShardFS`, `mount_shards`, `umount` and `is_mounted` are also reachable
-here, imported lazily: importing the package loads neither pyfuse3 nor
-trio, and ``python -m shardfs.fuse.mount`` (the mount daemon) does not
+here, imported lazily: importing the package loads neither the mount's
+modules nor trio, and ``python -m shardfs.fuse.mount`` (the mount daemon) does not
 import its own module twice.
 """
 

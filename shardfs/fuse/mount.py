@@ -1,4 +1,4 @@
-"""Mounting and unmounting shards: checks, the pyfuse3 main loop, the daemon.
+"""Mounting and unmounting shards: checks, serving, the daemon.
 
 `mount_shards()` checks what it can before touching the kernel (the
 options, the mount point, the shard directory, the layout), then either
@@ -8,7 +8,8 @@ filesystem answers. The process that serves opens and validates the shards
 (`open_shard_set`): an error there fails the mount with one line.
 
 The daemon is a fresh interpreter (``python -m shardfs.fuse.mount --serve``),
-not a fork: trio and pyfuse3 do not survive a fork after they start. It
+not a fork of the caller (a command line, a test, a library user whose
+threads and state a fork would copy half-way). It
 reports readiness (or the error that stopped it) on a pipe whose descriptor
 it receives with ``--ready-fd``; its stderr stays a pipe to the parent until
 then, so libfuse's own messages reach the user too.
@@ -36,7 +37,7 @@ import sys
 import time
 from typing import IO, TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-if TYPE_CHECKING:  # imported lazily at run time: pyfuse3 and trio are heavy
+if TYPE_CHECKING:  # imported lazily at run time: the mount's modules and trio are heavy
     from shardfs.fuse.layout import Layout
     from shardfs.fuse.shardset import ShardSet
 
@@ -248,7 +249,7 @@ def build_options(shard_paths: Sequence[str], user_options: Optional[Iterable[st
 
 
 def setup_logging(debug: bool, log_file: Optional[str], stream: Optional[IO[str]] = None) -> None:
-    """Send the "shardfs.fuse" (and pyfuse3) loggers to `log_file`, else to
+    """Send the "shardfs.fuse" logger to `log_file`, else to
     `stream` (stderr by default). Levels: DEBUG with `debug`; else INFO
     (mount, unmount, signals) into a log file, WARNING to a terminal."""
     if log_file:
@@ -258,7 +259,7 @@ def setup_logging(debug: bool, log_file: Optional[str], stream: Optional[IO[str]
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(name)s[%(process)d] %(levelname)s: %(message)s")
     )
-    for name in ("shardfs.fuse", "pyfuse3"):
+    for name in ("shardfs.fuse",):
         logger = logging.getLogger(name)
         for old in list(logger.handlers):
             logger.removeHandler(old)

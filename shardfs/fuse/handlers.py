@@ -420,14 +420,15 @@ class ShardFS:
     # -------------------------------------------------------------- files
 
     @_handler
-    def read(self, fh: int, off: int, size: int) -> bytes:
-        """Bytes [off, off+size) of the object whose inode is `fh`, clipped
-        at its end (b"" at or after it). The slot is read again, so a
-        deleted object raises ENOENT; EIO if the shard cannot be read. A
-        shard removed from the mount still answers until the coordinator
-        closes it (files opened before may still be read: in no-open mode
-        the mount is not told when they are closed)."""
-        db = self._db_object(fh)
+    def read(self, inode: int, off: int, size: int) -> bytes:
+        """Bytes [off, off+size) of the object `inode` names, clipped at its
+        end (b"" at or after it). The slot is read again, so a deleted
+        object raises ENOENT; EIO if the shard cannot be read. A shard
+        removed from the mount still answers until the coordinator closes
+        it, once no process has a file open on it (READ comes from files
+        opened before the removal: the kernel sends no OPEN in no-open
+        mode)."""
+        db = self._db_object(inode)
         if db is not None:
             if off >= db[1] or size <= 0:
                 return b""
@@ -435,7 +436,7 @@ class ShardFS:
             if data is None:
                 raise FUSEError(errno.ENOENT)
             return data
-        member, data_offset, objsize = self._object(fh, opened=True)
+        member, data_offset, objsize = self._object(inode, opened=True)
         if off >= objsize or size <= 0:
             return b""
         return member.shard.pread(data_offset, objsize, off, size)

@@ -648,7 +648,28 @@ def cmd_delete(args: argparse.Namespace) -> int:
             raise Failure(f"{missing}: not found in {shard} (nothing deleted)") from exc
         raise Failure(f"{shard}: {one_line(exc)} (nothing deleted)") from exc
     print(f"deleted {n} object(s) from {shard}")
+    _tell_mounts(shard, keys)
     return EXIT_OK
+
+
+def _tell_mounts(shard: str, keys: List[bytes]) -> None:
+    """Have the shardfs mounts of this host forget `keys` of `shard` now
+    (`shardfs.fuse.control`): a mount whose kernel cached an object would
+    otherwise serve it until it learns of the takedown itself. A mount that
+    cannot be told gets a warning line."""
+    from shardfs.fuse import control
+
+    try:
+        results = control.tell_takedown(shard, keys)
+    except OSError as exc:
+        logger.warning("cannot tell the mounts of this host: %s", one_line(exc))
+        return
+    for mount, answer, error in results:
+        if error is not None:
+            logger.warning("mount %s not told of the takedown (%s): it shows there within the live "
+                           "bound if it serves this shard", mount.point, error)
+        elif answer.get("shards"):
+            logger.info("mount %s: %d object(s) invalidated", mount.point, answer.get("invalidated", 0))
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -926,7 +947,9 @@ def _add_delete_parser(command) -> None:
         "does for legal takedowns: the object's bytes and size are zeroed and its\n"
         "index slot emptied. The file does not shrink. If any KEY is not in the\n"
         "shard, nothing is deleted. Asks for confirmation unless --yes; without\n"
-        "--yes, stdin must be a terminal.",
+        "--yes, stdin must be a terminal. Every shardfs mount of this host that\n"
+        "serves the shard forgets the objects before this returns, even where\n"
+        "the kernel cached them.",
         "  shardfs delete my.shard 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n"
         "  shardfs delete --yes my.shard KEY1 KEY2\n",
     )

@@ -567,16 +567,15 @@ def _block_device_shard(tmp_path: Path, loop_device: str, mounter) -> "tuple[Pat
 
 
 def test_takedown_on_a_block_device_after_sighup(mounter, tmp_path, loop_device):
-    """A shard on a block device: `shardfs delete DEVICE KEY` on this host
-    refuses at once the reads of an object whose bytes the kernel has not
-    cached (READ reads the slot); after SIGHUP the object's cached
-    attributes and pages are invalidated too (a device gets no inotify
-    event), so an object read before cannot be stat'ed or read either.
+    """A shard on a block device taken down without telling the mounts (the
+    Python API's `shardfs.delete`, as a writer on another host would): the
+    reads of an object whose bytes the kernel has not cached are refused at
+    once (READ reads the slot); after SIGHUP the object's cached attributes
+    and pages are invalidated too (a device gets no inotify event), so an
+    object read before cannot be stat'ed or read either. In no-open mode an
+    open is not asked to the mount: until SIGHUP it reads its cached bytes."""
+    import shardfs
 
-    (Under pyfuse3 every OPEN read the slot, so the object read before
-    could not be opened again at once either. In no-open mode an open is not
-    asked to the mount and its cached pages are kept: it reads its cached
-    bytes until SIGHUP; see test_takedown_refuses_cached_objects_at_once.)"""
     point, blobs = _block_device_shard(tmp_path, loop_device, mounter)
     victim, uncached = key_of(blobs[0]), key_of(blobs[2])
     assert (point / victim).read_bytes() == blobs[0]
@@ -584,8 +583,7 @@ def test_takedown_on_a_block_device_after_sighup(mounter, tmp_path, loop_device)
     held = os.open(point / victim, os.O_RDONLY)
     try:
         assert wait_until(lambda: stats(point)["sidecars"] == 1)
-        proc = run(SHARDFS + ["delete", "--yes", loop_device, victim, uncached])
-        assert proc.returncode == 0, proc.stderr
+        assert shardfs.delete(loop_device, [victim, uncached]) == 2
         with pytest.raises(FileNotFoundError):
             (point / uncached).read_bytes()
         _read_gone(point / victim, blobs[0])  # its cached bytes or ENOENT, never other bytes
@@ -599,21 +597,119 @@ def test_takedown_on_a_block_device_after_sighup(mounter, tmp_path, loop_device)
     assert (point / key_of(blobs[1])).read_bytes() == blobs[1]
 
 
-@pytest.mark.xfail(strict=True, reason="no-open mode: an open of an object whose name and pages the kernel "
-                   "cached is not asked to the mount, so a takedown does not refuse it at once (README, "
-                   "Takedowns: 'the object cannot be opened again at once'); on a block device it reads "
-                   "until SIGHUP")
 def test_takedown_refuses_cached_objects_at_once(mounter, tmp_path, loop_device):
     """The guarantee the README gives for takedowns: once `shardfs delete`
-    returns on this host, the object cannot be opened (read) again through
-    the mount, even if the kernel cached its bytes. A block device, which
-    raises no inotify event, shows it without a race: nothing else would
-    invalidate the object in time."""
+    returns on this host, the object cannot be opened, read or stat'ed
+    again through the mount, even though the kernel cached its name and
+    bytes (no-open mode: such an open never reaches the mount). A block
+    device, which raises no inotify event, shows it without a race: nothing
+    else would invalidate the object in time."""
     point, blobs = _block_device_shard(tmp_path, loop_device, mounter)
     victim = key_of(blobs[0])
     assert (point / victim).read_bytes() == blobs[0]
-    assert wait_until(lambda: stats(point)["sidecars"] == 1)
-    proc = run(SHARDFS + ["delete", "--yes", loop_device, victim])
+    held = os.open(point / victim, os.O_RDONLY)
+    try:
+        assert os.pread(held, 10, 0) == blobs[0][:10]
+        proc = run(SHARDFS + ["delete", "--yes", loop_device, victim])
+        assert proc.returncode == 0, proc.stderr
+        assert "not told" not in proc.stderr, proc.stderr
+        with pytest.raises(FileNotFoundError):
+            (point / victim).read_bytes()
+        with pytest.raises(FileNotFoundError):
+            os.stat(point / victim)
+        assert _fstat_fails(held)
+        with pytest.raises(FileNotFoundError):
+            os.pread(held, 10, 0)
+    finally:
+        os.close(held)
+    assert (point / key_of(blobs[1])).read_bytes() == blobs[1]
+
+
+def test_takedown_told_to_every_mount_of_the_shard(mounter, tmp_path):
+    """`shardfs delete` on a shard file served by two mounts (flat, and
+    fan-out where the name is in a leaf directory too) and not by a third:
+    both forget the cached object before the command returns (no waiting
+    for inotify), the third is told and unaffected."""
+    blobs = make_blobs(31, 20, 1, 2000)
+    shard = tmp_path / "s.shard"
+    objects = build_shard(shard, blobs)
+    other = tmp_path / "o.shard"
+    other_objects = build_shard(other, make_blobs(32, 5, 1, 100))
+    flat = mounter.mount(shard, tmp_path / "flat", "--layout", "flat")
+    fan = mounter.mount(shard, tmp_path / "fan", "--layout", "fanout", "--slicing", "0:2")
+    third = mounter.mount(other, tmp_path / "third", "--layout", "flat")
+    victim = key_of(blobs[0])
+    leaf = fan / victim[:2] / victim
+    for path in (flat / victim, fan / victim, leaf):
+        assert path.read_bytes() == objects[victim]
+    third_key = next(iter(other_objects))
+    assert (third / third_key).read_bytes() == other_objects[third_key]
+    proc = run(SHARDFS + ["-v", "delete", "--yes", str(shard), victim])
     assert proc.returncode == 0, proc.stderr
-    with pytest.raises(FileNotFoundError):
-        (point / victim).read_bytes()
+    assert "not told" not in proc.stderr, proc.stderr
+    for path in (flat / victim, fan / victim, leaf):
+        with pytest.raises(FileNotFoundError):
+            path.read_bytes()
+        with pytest.raises(FileNotFoundError):
+            os.stat(path)
+    assert (third / third_key).read_bytes() == other_objects[third_key]
+    survivor = key_of(blobs[1])
+    assert (flat / survivor).read_bytes() == objects[survivor]
+
+
+def _ask(point: Path, payload: bytes, uid: int = 0) -> dict:
+    """Send `payload` to the takedown listener of the mount at `point` (as
+    `uid`, from a child process) and return its answer."""
+    from shardfs.fuse import control
+
+    mount = next(m for m in control.shardfs_mounts() if m.point == str(point))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            if uid:
+                os.setgid(uid)
+                os.setuid(uid)
+            import socket
+
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(control.address(mount.mnt_id))
+                sock.sendall(payload)
+                reply = b""
+                while not reply.endswith(b"\n"):
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    reply += chunk
+            os.write(w, reply)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        reply = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(reply)
+
+
+def test_takedown_listener_refuses_bad_requests_and_other_users(mounter, tmp_path):
+    """The coordinator's takedown listener answers a malformed request and
+    a request from another (non-root) user with an error, invalidates
+    nothing for a shard it does not serve, and keeps serving."""
+    import shardfs.fuse.control as control
+
+    objects = build_shard(tmp_path / "s.shard", make_blobs(41, 5, 1, 100))
+    point = mounter.mount(tmp_path / "s.shard", tmp_path / "m", "--layout", "flat")
+    key = next(iter(objects))
+    assert (point / key).read_bytes() == objects[key]
+    assert "error" in _ask(point, b"not json\n")
+    assert "error" in _ask(point, b'{"op": "takedown", "shard": {"dev": 1}, "keys": []}\n')
+    request = json.dumps({"op": "takedown", "shard": control.file_identity(os.stat(tmp_path / "s.shard")),
+                          "keys": [key]}).encode() + b"\n"
+    assert "error" in _ask(point, request, uid=65534)
+    assert (point / key).read_bytes() == objects[key]  # still served
+    elsewhere = json.dumps({"op": "takedown", "shard": {"dev": 1, "ino": 1}, "keys": [key]}).encode() + b"\n"
+    assert _ask(point, elsewhere) == {"shards": 0, "invalidated": 0}
+    assert _ask(point, request)["shards"] == 1  # the object is live: its cache is dropped, nothing more
+    assert (point / key).read_bytes() == objects[key]

@@ -25,7 +25,9 @@ what must be decided in one place:
   a deleted object cannot be opened or read again even before that. Block
   devices get no inotify event for writes made elsewhere (and their page
   cache does not see a remote writer): SIGHUP drops the device's cached
-  pages and checks every shard.
+  pages and checks every shard. ``shardfs delete`` on this host does not
+  wait for either: it tells the coordinator the keys it took down
+  (`shardfs.fuse.control`) and returns once they are invalidated.
 * **A winery database** (`catalog`, a `shardfs.winery.Catalog`), polled
   every `shardfs.winery.POLL_SECONDS` instead of following files: images of
   shards that reached an image state are served, and the keys it takes
@@ -52,10 +54,13 @@ a request itself.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import logging
 import os
 import signal
+import socket
 import stat
 import threading
 import time
@@ -191,6 +196,8 @@ class Coordinator:
         self._interrupts = 0
         self._wake: Any = None  # trio.Event: set to make the loop turn
         self._inotify = None
+        self._control: Optional[socket.socket] = None  # the takedown listener (`_listen_control`)
+        self._control_fd: Optional[int] = None
         self._watched: Dict[int, str] = {}  # watch descriptor -> directory
         self._rescan_at: Optional[float] = None
         self._check_all = False
@@ -243,6 +250,7 @@ class Coordinator:
             self._publish()
             self._install_signals()
             self._watch_files()
+            self._listen_control()
             if self.on_ready is not None:
                 self.on_ready()
             for position in range(self.nworkers):
@@ -287,6 +295,8 @@ class Coordinator:
             fds = self.private_fds
             if self._inotify is not None:
                 fds += (self._inotify.fileno(),)
+            if self._control_fd is not None:
+                fds += (self._control_fd,)
             worker_mod.run(self.fs, self.session, self.state, position, self.pid, WORKER_THREADS, close_fds=fds)
         self._positions[pid] = position
         log.debug("worker %d started at position %d", pid, position)
@@ -391,6 +401,7 @@ class Coordinator:
         self._wake = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._take_signals)
+            nursery.start_soon(self._serve_control)
             if self._inotify is not None:
                 nursery.start_soon(self._when_readable, self._inotify.fileno(), self._read_events,
                                    lambda: self._inotify is not None)
@@ -469,6 +480,111 @@ class Coordinator:
                 self._check_all = True
                 self._rescan_at = time.monotonic()
         signals.clear()
+
+    # ------------------------------------------------- takedowns told here
+
+    def _listen_control(self) -> None:
+        """Bind the listener for the takedowns ``shardfs delete`` tells this
+        host's mounts (`shardfs.fuse.control`), before the mount is said to
+        be ready: a delete that follows the mount finds it."""
+        from shardfs.fuse import control
+        from shardfs.fuse.openfiles import mount_id
+
+        mnt_id = mount_id(self.mountpoint)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            if mnt_id is None:
+                raise OSError("the mount is not in /proc/self/mountinfo")
+            sock.bind(control.address(mnt_id))
+            sock.listen(16)
+        except OSError as exc:
+            sock.close()
+            log.warning("cannot listen for takedowns (%s): `shardfs delete` on this host will not "
+                        "wait for this mount; takedowns show within the live bound", exc)
+            return
+        self._control = sock
+        self._control_fd = sock.fileno()
+
+    async def _serve_control(self) -> None:
+        """Answer the takedowns told on the listener, until the loop ends."""
+        import trio
+
+        if self._control is None:
+            return
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(self._control))
+        await trio.serve_listeners(self._control_client, [listener])
+
+    async def _control_client(self, stream: Any) -> None:
+        """Read one request from `stream`, act, answer one line."""
+        import trio
+
+        from shardfs.fuse import control
+
+        async with stream:
+            try:
+                if control.peer_uid(stream.socket) not in (0, os.getuid()):
+                    reply = {"error": "only root or the mount's owner may tell takedowns"}
+                else:
+                    line = b""
+                    with trio.fail_after(control.TIMEOUT):
+                        while not line.endswith(b"\n") and len(line) <= control.MAX_REQUEST:
+                            chunk = await stream.receive_some(65536)
+                            if not chunk:
+                                return
+                            line += chunk
+                    if len(line) > control.MAX_REQUEST:
+                        reply = {"error": f"request over {control.MAX_REQUEST} bytes"}
+                    else:
+                        reply = self._takedown(*control.parse_request(line))
+                await stream.send_all(json.dumps(reply).encode("ascii") + b"\n")
+            except ValueError as exc:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await stream.send_all(json.dumps({"error": f"bad request: {exc}"}).encode("ascii") + b"\n")
+            except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.debug("takedown request dropped: %s", exc)
+
+    def _takedown(self, ident: Dict[str, int], keys: List[bytes]) -> Dict[str, int]:
+        """Make the kernel forget `keys` in every shard served from the file
+        `ident` names (`shardfs.fuse.control.file_identity`): their names
+        where they can be looked up, the inodes of their slots (cached
+        pages included). Returns {"shards": N, "invalidated": K}."""
+        from shardfs.fuse import control
+
+        members = []
+        for member in self.shards.served():
+            try:
+                if control.file_identity(os.fstat(member.shard.fileno())) == ident:
+                    members.append(member)
+            except (OSError, ValueError):
+                continue
+        invalidated = 0
+        if members:
+            for key in keys:
+                name = key.hex().encode("ascii")
+                for parent in self.fs.layout.parents_of(key.hex()):
+                    invalidated += self._quiet_invalidate(self.session.invalidate_entry, parent, name)
+            for member in members:
+                known = self._deleted.setdefault(member.number, set())
+                for key in keys:
+                    slot = member.shard.slot_of(key)
+                    known.add(slot)
+                    invalidated += self._quiet_invalidate(self.session.invalidate_inode,
+                                                          object_inode(member.number, slot))
+            log.info("takedown of %d key(s) told by shardfs delete: %d shard(s), invalidated in the kernel",
+                     len(keys), len(members))
+        return {"shards": len(members), "invalidated": invalidated}
+
+    @staticmethod
+    def _quiet_invalidate(call: Callable[..., None], *args: Any) -> int:
+        """1 when `call(*args)` invalidated something, 0 when the kernel
+        did not have it (ENOENT) or could not (logged)."""
+        try:
+            call(*args)
+            return 1
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("cannot invalidate a taken-down object: %s", exc)
+            return 0
 
     # ---------------------------------------------------- following files
 
@@ -867,6 +983,8 @@ class Coordinator:
         if pid == 0:
             try:
                 os.close(r)
+                if self._control_fd is not None:
+                    os.close(self._control_fd)  # the name must go with the coordinator
                 worker_mod._die_with(self.pid, worker_mod.BUILDER_NAME)
                 os.close(self.session.fileno())
                 served = [m.identity for m in self.shards.served() if m.identity]
@@ -957,6 +1075,11 @@ class Coordinator:
     # ------------------------------------------------------------ closing
 
     def _close(self) -> None:
+        if self._control is not None:
+            if self._control.fileno() >= 0:
+                _closing(self._control.fileno())
+            self._control.close()
+            self._control = self._control_fd = None
         if self._inotify is not None:
             _closing(self._inotify.fileno())
             self._inotify.close()

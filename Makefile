@@ -157,6 +157,12 @@ bench-request: venv
 bench-winery: venv
 	$(PY) bench/winery_bench.py --json bench/results/winery.json --md bench/results/winery.md
 
+# Objects only in a winery database: libpq from C against psycopg from
+# Python (the request path's choice), WineryStore.get and the mount.
+.PHONY: bench-winery-query
+bench-winery-query: venv
+	mkdir -p bench/results && $(PY) bench/winery_query.py $(ARGS)
+
 # ---------------------------------------------------------------- sanitizers
 # test-asan: the C tests and the fuzz regressions and seeds built with gcc's
 # AddressSanitizer + UBSan (leak check on), then the Python tests against a

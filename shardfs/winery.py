@@ -227,8 +227,7 @@ class Database:
                 self._pid = os.getpid()
                 self._pool = ConnectionPool(
                     self.dsn, min_size=0, max_size=self.max_size, timeout=DB_TIMEOUT,
-                    kwargs=connection_kwargs(self.name), name=self.name, open=True,
-                    check=ConnectionPool.check_connection, max_idle=60.0,
+                    kwargs=connection_kwargs(self.name), name=self.name, open=True, max_idle=60.0,
                     reconnect_timeout=0)
             return self._pool
 
@@ -240,8 +239,17 @@ class Database:
 
         self.queries += 1
         try:
-            with self._get_pool().connection() as conn:
-                rows = conn.execute(sql, params).fetchall()
+            # A pooled session is not tested before use (that would cost a
+            # round trip per query): one the server closed since (a restart)
+            # fails here and leaves the pool; the next one is tried, up to
+            # every session the pool may hold, then a new one.
+            for attempt in range(self.max_size + 1):
+                try:
+                    rows = self._execute(sql, params)
+                    break
+                except psycopg.OperationalError as exc:
+                    if attempt == self.max_size or not getattr(exc, "_shardfs_broken", False):
+                        raise
         except (PoolTimeout, psycopg.OperationalError) as exc:
             if isinstance(exc, psycopg.errors.QueryCanceled):
                 message = f"{self.where}: query timed out after {DB_TIMEOUT:g} s"
@@ -256,6 +264,18 @@ class Database:
             log.warning("%s: reachable again after %.1f s", self.where, time.monotonic() - self._failing_since)
             self._failing_since = None
         return rows
+
+    def _execute(self, sql: Any, params: Sequence[Any]) -> List[tuple]:
+        """Rows of `sql` on a pooled session; an OperationalError that
+        broke the session is marked ``_shardfs_broken``."""
+        import psycopg
+
+        with self._get_pool().connection() as conn:
+            try:
+                return conn.execute(sql, params).fetchall()
+            except psycopg.OperationalError as exc:
+                exc._shardfs_broken = conn.broken and not isinstance(exc, psycopg.errors.QueryCanceled)
+                raise
 
     def close(self) -> None:
         """Close the connections this process opened (none inherited)."""
@@ -459,11 +479,14 @@ class Reader:
         self.db = db
         self.tables: Dict[int, str] = {}
         self.hidden: Dict[bytes, FrozenSet[int]] = {}
+        self._present_sql: Optional[str] = None
+        self._fetch_sql: Optional[str] = None
 
     def update(self, tables: Dict[int, str], hidden: Dict[bytes, Any]) -> None:
         """Take the write shard tables (id -> name) and hidden pairs."""
         self.tables = dict(tables)
         self.hidden = {k: frozenset(v) for k, v in hidden.items()}
+        self._present_sql = self._fetch_sql = None  # rendered for these tables
 
     def update_from_table(self, table: Dict[str, Any]) -> None:
         """`update` from a `Catalog.table()`."""
@@ -493,45 +516,27 @@ class Reader:
                 return Location(hit[2], member, hit[0], hit[1], member.number)
         return None
 
-    def present_shard(self, key: bytes) -> Optional[int]:
-        """The id of the shard where the database says `key` is present,
-        or None (absent, in flight or deleted): one indexed query."""
-        rows = self.db.query(
-            "SELECT shard FROM signature2shard WHERE signature = %s AND state = 'present'", (key,))
-        return int(rows[0][0]) if rows else None
-
     def _table_query(self, name: str, what: str):
         from psycopg import sql
 
         return sql.SQL("SELECT " + what + " FROM {} WHERE key = %s").format(sql.Identifier("shard_" + name))
 
-    def table_size(self, shard_id: int, key: bytes) -> Optional[int]:
-        """Size of `key` in shard `shard_id`'s write shard table, None
-        when the table or the row is not there (anymore)."""
-        import psycopg
-
-        name = self.tables.get(shard_id)
-        if name is None:
-            return None
-        try:
-            rows = self.db.query(self._table_query(name, "octet_length(content)"), (key,))
-        except psycopg.errors.UndefinedTable:
-            return None
-        return int(rows[0][0]) if rows and rows[0][0] is not None else None
-
     def locate(self, key: bytes) -> Optional[Location]:
         """Where `key`'s bytes are, or None when it is not an object.
-        An image hit asks nothing of the database; a miss makes one query,
-        and one more when the key is present. Raises ImageNotMapped when
-        it is present in a shard with neither a table nor an image here,
+        An image hit asks nothing of the database; a miss makes one
+        indexed query (`present`), whether the key is absent, in a write
+        shard table or packed. Raises ImageNotMapped when it is present in
+        a shard with neither a table nor an image here,
         DatabaseUnavailable."""
         loc = self.find_image(key)
         if loc is not None:
             return loc
-        shard_id = self.present_shard(key)
-        if shard_id is None or self.is_hidden(key, shard_id):
+        found = self.present(key)
+        if found is None:
             return None
-        size = self.table_size(shard_id, key)
+        shard_id, size = found
+        if self.is_hidden(key, shard_id):
+            return None
         if size is None:
             member = self.shards.get(shard_id)
             if member is not None and not member.removed:
@@ -541,6 +546,69 @@ class Reader:
             raise ImageNotMapped(f"object {key.hex()} is in shard {shard_id}, whose image is not "
                                  "served here (not mapped on this host?) and whose write shard is gone")
         return Location(size, shard_id=shard_id)
+
+    def _present_query(self) -> Any:
+        """One query for `present`: the shard signature2shard gives the key
+        (state present) and, when that shard has a write table known here,
+        the size of its row there (a scalar subquery per table)."""
+        if self._present_sql is None:
+            from psycopg import sql
+
+            cases = [sql.SQL("WHEN {} THEN (SELECT octet_length(content) FROM {} WHERE key = o.signature)").format(
+                sql.Literal(shard_id), sql.Identifier("shard_" + name))
+                for shard_id, name in sorted(self.tables.items())]
+            size = sql.SQL("CASE o.shard {} END").format(sql.SQL(" ").join(cases)) if cases else sql.SQL("NULL")
+            self._present_sql = sql.SQL(
+                "SELECT o.shard, {} FROM signature2shard o WHERE o.signature = %s AND o.state = 'present'"
+            ).format(size).as_string(None)  # rendered once: composing costs more than the query's parsing
+        return self._present_sql
+
+    def fetch(self, key: bytes, offset: int, length: int) -> Optional[bytes]:
+        """Bytes [offset, offset+length) of `key` (clipped at its end) where
+        it is present in a write shard table known here, in one indexed
+        query; None when the database says it is not an object (absent, in
+        flight, deleted) or hidden. Raises KeyError when it is present
+        elsewhere (packed: `locate` then `read` find its image),
+        DatabaseUnavailable."""
+        import psycopg
+        from psycopg import sql
+
+        if not self.tables:
+            raise KeyError(key)
+        if self._fetch_sql is None:
+            cases = [sql.SQL("WHEN {} THEN (SELECT substring(content FROM %(start)s FOR %(length)s) FROM {} "
+                             "WHERE key = o.signature)").format(sql.Literal(shard_id),
+                                                                sql.Identifier("shard_" + name))
+                     for shard_id, name in sorted(self.tables.items())]
+            self._fetch_sql = sql.SQL("SELECT o.shard, CASE o.shard {} END FROM signature2shard o "
+                                      "WHERE o.signature = %(key)s AND o.state = 'present'"
+                                      ).format(sql.SQL(" ").join(cases)).as_string(None)
+        try:
+            rows = self.db.query(self._fetch_sql, {"key": key, "start": offset + 1, "length": max(0, length)})
+        except psycopg.errors.UndefinedTable:  # cleaned since the last poll
+            raise KeyError(key) from None
+        if not rows or self.is_hidden(key, int(rows[0][0])):
+            return None
+        if rows[0][1] is None:
+            raise KeyError(key)
+        return bytes(rows[0][1])
+
+    def present(self, key: bytes) -> Optional[Tuple[int, Optional[int]]]:
+        """(shard id, size in bytes of its row in that shard's write table,
+        or None when the table is not known here or has no such row) of
+        `key` where the database says it is present; None when it is
+        absent, in flight or deleted. One indexed query (two when a write
+        table was dropped since the last poll)."""
+        import psycopg
+
+        try:
+            rows = self.db.query(self._present_query(), (key,))
+        except psycopg.errors.UndefinedTable:  # cleaned since the last poll: ask without tables
+            rows = [(r[0], None) for r in self.db.query(
+                "SELECT shard FROM signature2shard WHERE signature = %s AND state = 'present'", (key,))]
+        if not rows:
+            return None
+        return int(rows[0][0]), (int(rows[0][1]) if rows[0][1] is not None else None)
 
     def read(self, key: bytes, loc: Location, offset: int = 0, length: Optional[int] = None) -> bytes:
         """Bytes [offset, offset+length) of `key` at `loc` (to the end
@@ -571,7 +639,16 @@ class Reader:
         return bytes(rows[0][0])
 
     def get(self, key: bytes) -> Optional[bytes]:
-        """The bytes of object `key`, or None when it is not one."""
+        """The bytes of object `key`, or None when it is not one. An image
+        hit asks nothing of the database; an object in a write shard table
+        costs one query (`fetch`)."""
+        loc = self.find_image(key)
+        if loc is not None:
+            return self.read(key, loc)
+        try:
+            return self.fetch(key, 0, (1 << 31) - 1)
+        except KeyError:  # packed since, or in an image not served here
+            pass
         for _ in range(2):
             loc = self.locate(key)
             if loc is None:

@@ -428,11 +428,13 @@ class ShardFS:
         it, once no process has a file open on it (READ comes from files
         opened before the removal: the kernel sends no OPEN in no-open
         mode)."""
-        db = self._db_object(inode)
-        if db is not None:
-            if off >= db[1] or size <= 0:
+        if self.winery is not None and split_db_inode(inode) is not None:
+            entry = self.winery.resolve(inode)  # (key, size)
+            if entry is None:
+                raise FUSEError(errno.ESTALE)
+            if off >= entry[1] or size <= 0:
                 return b""
-            data = self.winery.read(db[0], off, size)
+            data = self.winery.read(entry[0], off, size)  # one query when in a table
             if data is None:
                 raise FUSEError(errno.ENOENT)
             return data

@@ -131,6 +131,12 @@ class WineryView:
     def read(self, key: bytes, offset: int, length: int) -> Optional[bytes]:
         """Bytes [offset, offset+length) of object `key`, None when it is
         not an object anymore. Raises DatabaseUnavailable."""
+        hit = self._locations.get(key)
+        if hit is None or time.monotonic() - hit[0] >= POLL_SECONDS:
+            try:  # not located by this process lately: one query, if in a table
+                return self.reader.fetch(key, offset, length)
+            except KeyError:  # packed, or its table is gone: locate its image
+                pass
         for _ in range(2):
             loc = self.locate(key)
             if loc is None:

@@ -520,6 +520,87 @@ def test_requests_per_cold_object(sized, mounter, tmp_path):
     assert "release" not in totals, totals
 
 
+def test_python_open_of_a_cold_object_costs_no_read(sized, mounter, tmp_path):
+    """CPython's buffered open() asks every file whether it is a terminal
+    (an IOCTL); the mount pushes the object's first 128 KiB into the
+    kernel's page cache before it answers, so a cold object of at most 128
+    KiB read by Python costs LOOKUP + IOCTL and no READ, and a larger one
+    READs only for what lies past 128 KiB; the bytes are right, at every
+    size around the page and push boundaries. With one thread per worker,
+    nothing is pushed (a push may wait for a READ that another thread of
+    the process must serve) and READ serves the bytes."""
+    path, small, large, objects = sized
+    point = mounter.mount(path, tmp_path / "m")
+    before = requests(point)
+    for key in small:
+        with open(point / key, "rb") as f:
+            assert f.read() == objects[key], len(objects[key])
+    grown = _grown(before, requests(point))
+    grown.pop("open", None), grown.pop("flush", None)
+    assert grown == {"lookup": len(small), "ioctl": len(small)}, grown
+    for key in large:
+        size = len(objects[key])
+        before = requests(point)
+        with open(point / key, "rb") as f:
+            assert f.read() == objects[key]
+        grown = _grown(before, requests(point))
+        assert grown.pop("lookup") == 1 and grown.pop("ioctl") == 1, grown
+        reads = grown.pop("read")
+        assert 1 <= reads <= -(-(size - 128 * 1024) // 4096), (size, reads)
+        assert grown == {}, grown
+    # Part of an object, then the rest from another open: same bytes.
+    key = large[-1]
+    point = mounter.mount(path, tmp_path / "m2", "-o", "workers=1")
+    with open(point / key, "rb") as f:
+        f.seek(200_000)
+        assert f.read(1000) == objects[key][200_000:201_000]
+    with open(point / key, "rb") as f:
+        assert f.read() == objects[key]
+
+
+def test_pushes_and_reads_of_the_same_objects_from_many_threads(mounter, tmp_path):
+    """16 threads of one process read the same cold objects in the same
+    order, half through CPython's open() (an IOCTL: a push into the page
+    cache, which waits for the pages' locks) and half with os.pread (READs,
+    which hold those locks until answered), through one worker: every
+    thread finishes and every byte is right. (What makes a hang impossible
+    is the bound on threads pushing at once, shardfs/c/py_ll_ops.c: this
+    drives pushes and READs of the same pages against each other under
+    load, which a missing bound needs before it can hang.)"""
+    blobs = make_blobs(51, 400, 1, 20_000)
+    objects = build_shard(tmp_path / "s.shard", blobs)
+    point = mounter.mount(tmp_path / "s.shard", tmp_path / "m", "-o", "workers=1")
+    keys = sorted(objects)
+    errors: list = []
+
+    def reader(i: int) -> None:
+        for key in keys:
+            try:
+                if i % 2:
+                    with open(point / key, "rb") as f:
+                        data = f.read()
+                else:
+                    fd = os.open(point / key, os.O_RDONLY)
+                    try:
+                        data = os.pread(fd, 1 << 20, 0)
+                    finally:
+                        os.close(fd)
+            except OSError as exc:
+                errors.append(f"{key}: {exc}")
+                continue
+            if data != objects[key]:
+                errors.append(f"{key}: wrong bytes")
+
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a reader hung"
+    assert errors == []
+    assert requests(point).get("ioctl", 0) >= len(keys)
+
+
 def test_no_open_mode_after_the_first_open(mixed, mounter, tmp_path):
     """The kernel's no-open mode: once the mount answered its first OPEN
     (ENOSYS), opening more objects, cold ones, several at once, with

@@ -57,7 +57,13 @@ typedef struct {
     int has_counts_view;
     Py_buffer seq_view, stats_view; /* shared memory read by ll_fast.c (obj NULL: none) */
     struct ll_fast *fast;     /* NULL until serve(): every request goes to Python */
+    int store_max;            /* threads that may push bytes at once (ll_ioctl) */
+    int storing;              /* threads pushing bytes now (atomic) */
 } Session;
+
+/* Bytes of an object pushed into the kernel's page cache when an IOCTL
+ * on it is answered (see py_ll_ops.c). */
+#define LL_STORE_BYTES (128 * 1024)
 
 extern PyTypeObject SessionType, DirBufferType;
 
@@ -80,6 +86,11 @@ void ll_fill_attr(const Session *s, struct stat *st, uint64_t ino, int is_dir, u
 int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *name);
 int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino);
 int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
+/* Push the first `want` bytes of object `ino` (open here, slot read now)
+ * into the kernel's page cache for it (FUSE_NOTIFY_STORE), after its
+ * IOCTL was answered: 0, or -1 when not done (not an object served here,
+ * empty, unreadable, or the kernel refused). */
+int ll_fast_store(Session *s, fuse_ino_t ino, size_t want);
 
 /* A fast path reading the published table sequence at `seq` (NULL: none
  * to follow) and counting lookups and index probes in stats[0], stats[1]

@@ -511,3 +511,32 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     busy_add(open, -1);
     return replied;
 }
+
+int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
+{
+    struct ll_fast *f = s->fast;
+    if (!fast_begin(f))
+        return -1;
+    uint64_t off, size;
+    uint32_t slot;
+    int64_t mtime;
+    OpenShards *open = NULL;
+    sfs_shard_t *shard = fast_object(f, ino, &open, &slot, &mtime);
+    table_read_unlock();
+    if (!shard)
+        return -1;
+    int rc = fast_slot(shard, slot, &off, &size);
+    int stored = -1;
+    if (rc == SFS_OK && size) {
+        size_t n = size < want ? (size_t)size : want;
+        char *buf = malloc(n);
+        if (buf && g_read(shard, off, buf, n) == SFS_OK) {
+            struct fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
+            bv.buf[0].mem = buf;
+            stored = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0) == 0 ? 0 : -1;
+        }
+        free(buf);
+    }
+    busy_add(open, -1);
+    return stored;
+}

@@ -4,9 +4,10 @@
  *
  * Answered in C with the GIL not held: OPEN (ENOSYS: the kernel's no-open
  * mode, see ll.h; EROFS for a write access), OPENDIR and RELEASEDIR (no
- * handle: a listing's position says where it resumes), IOCTL (ENOTTY at
- * once: CPython's open() asks every file whether it is a terminal, and the
- * kernel forwards each such ioctl), FORGET (inodes carry their location:
+ * handle: a listing's position says where it resumes), IOCTL (ENOTTY:
+ * CPython's open() asks every file whether it is a terminal, and the
+ * kernel forwards each such ioctl; the object's first bytes are pushed
+ * into the page cache first, see ll_ioctl), FORGET (inodes carry their location:
  * nothing to forget), FLUSH and RELEASE (never sent in no-open mode), and
  * every write (EROFS). LOOKUP, GETATTR and READ try ll_fast.c first.
  *
@@ -211,7 +212,19 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 static void ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg, struct fuse_file_info *fi,
                      unsigned flags, const void *in_buf, size_t in_bufsz, size_t out_bufsz)
 {
-    ll_count(fuse_req_userdata(req), LL_IOCTL);
+    Session *s = fuse_req_userdata(req);
+    ll_count(s, LL_IOCTL);
+    /* An ioctl comes from an open file, and CPython's open() sends one
+     * (TCGETS) before every read: push the object's first bytes into the
+     * kernel's page cache now, before the answer, so that the read that
+     * follows finds them and sends no READ (the IOCTL takes the READ's
+     * round trip). A push waits for the page locks of the object's pages;
+     * a page is locked while a READ of it is in flight, which some thread
+     * must serve: at most store_max (threads - 1) threads of a process
+     * push at once, so one is always free to serve it. */
+    if (__atomic_add_fetch(&s->storing, 1, __ATOMIC_ACQ_REL) <= s->store_max)
+        ll_fast_store(s, ino, LL_STORE_BYTES);
+    __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
     fuse_reply_err(req, ENOTTY);
 }
 

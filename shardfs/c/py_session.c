@@ -262,6 +262,7 @@ static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
     if (!cfg)
         return PyErr_NoMemory();
     fuse_loop_cfg_set_clone_fd(cfg, 1);
+    self->store_max = threads - 1;
     fuse_loop_cfg_set_max_threads(cfg, (unsigned)threads);
     fuse_loop_cfg_set_idle_threads(cfg, (unsigned)threads);
     int rc;

@@ -474,21 +474,33 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
     return 1;
 }
 
-int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t offset)
+/* The object inode `ino` names, its slot resolved now: its shard (marked
+ * busy: call busy_add(*open, -1) after), *rc the slot's status
+ * (fast_slot) and *off, *size its place when SFS_OK; NULL when the
+ * handlers must answer (see fast_object). */
+static sfs_shard_t *fast_resolve(struct ll_fast *f, fuse_ino_t ino, OpenShards **open, int *rc, uint64_t *off,
+                                 uint64_t *size)
 {
-    struct ll_fast *f = s->fast;
-    if (offset < 0 || !fast_begin(f))
-        return 0;
-    uint64_t off, size;
+    if (!fast_begin(f))
+        return NULL;
     uint32_t slot;
     int64_t mtime;
-    OpenShards *open = NULL;
-    sfs_shard_t *shard = fast_object(f, ino, &open, &slot, &mtime);
+    sfs_shard_t *shard = fast_object(f, ino, open, &slot, &mtime);
     table_read_unlock();
+    if (shard)
+        *rc = fast_slot(shard, slot, off, size);
+    return shard;
+}
+
+int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t offset)
+{
+    uint64_t off, size;
+    OpenShards *open = NULL;
+    int rc;
+    sfs_shard_t *shard = offset < 0 ? NULL : fast_resolve(s->fast, ino, &open, &rc, &off, &size);
     if (!shard)
         return 0;
     int replied = 0;
-    int rc = fast_slot(shard, slot, &off, &size);
     if (rc == SFS_ENOTFOUND) {
         fuse_reply_err(req, ENOENT);
         replied = 1;
@@ -514,18 +526,12 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
 
 int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
 {
-    struct ll_fast *f = s->fast;
-    if (!fast_begin(f))
-        return -1;
     uint64_t off, size;
-    uint32_t slot;
-    int64_t mtime;
     OpenShards *open = NULL;
-    sfs_shard_t *shard = fast_object(f, ino, &open, &slot, &mtime);
-    table_read_unlock();
+    int rc;
+    sfs_shard_t *shard = fast_resolve(s->fast, ino, &open, &rc, &off, &size);
     if (!shard)
         return -1;
-    int rc = fast_slot(shard, slot, &off, &size);
     int stored = -1;
     if (rc == SFS_OK && size) {
         size_t n = size < want ? (size_t)size : want;

@@ -91,6 +91,12 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
  * IOCTL was answered: 0, or -1 when not done (not an object served here,
  * empty, unreadable, or the kernel refused). */
 int ll_fast_store(Session *s, fuse_ino_t ino, size_t want);
+/* After a read from the start of object `ino` (answered): when the reads
+ * of this process come in the shard's slot order (the flat root's listing
+ * order: tar, rsync, find | xargs), push the objects of the next slots
+ * (up to 32, each of at most 128 KiB) into the kernel's page cache, so
+ * that their reads send no READ. */
+void ll_fast_push_ahead(Session *s, fuse_ino_t ino);
 
 /* A fast path reading the published table sequence at `seq` (NULL: none
  * to follow) and counting lookups and index probes in stats[0], stats[1]

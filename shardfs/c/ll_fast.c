@@ -40,6 +40,16 @@
  * follows asks for up to 128 KiB of it. */
 #define PREFETCH_BYTES (128 * 1024)
 
+/* Objects pushed ahead of a read in listing order, and the most slots
+ * between two reads that still count as in order (the reads of pushed
+ * objects never reach the mount: the next read comes after them). */
+#define AHEAD_SLOTS 32
+#define AHEAD_GAP (2 * AHEAD_SLOTS)
+/* Objects larger than this are not pushed ahead. */
+#define AHEAD_MAX_SIZE (128 * 1024)
+/* Streams of reads in order followed at once, per process. */
+#define AHEAD_STREAMS 8
+
 struct ll_fast {
     PyObject *state;          /* the last fast_state() tuple (strong reference), or NULL */
     int enabled;              /* state is a usable tuple */
@@ -56,6 +66,18 @@ struct ll_fast {
     const volatile int64_t *seq; /* the published sequence (shared memory), or NULL */
     int64_t *stats;           /* [2]: lookups, index probes (shared memory) */
     int64_t own_stats[2];
+    /* Streams of reads in listing order (ll_fast_push_ahead), under
+     * ahead_lock: several readers (find | xargs -P4) read several parts of
+     * a listing at once. */
+    pthread_mutex_t ahead_lock;
+    struct ahead_stream {
+        uint64_t used;     /* when last matched (a counter): the oldest is replaced */
+        int streak;        /* reads in order in a row */
+        uint32_t shard;    /* shard number */
+        uint32_t last;     /* slot of the last object read from its start */
+        uint32_t until;    /* last slot pushed ahead */
+    } ahead[AHEAD_STREAMS];
+    uint64_t ahead_clock;
 };
 
 /* Forget the snapshot's views (under the table lock, or before any
@@ -84,6 +106,7 @@ struct ll_fast *ll_fast_new(const volatile int64_t *seq, int64_t *stats)
     }
     f->seq = seq;
     f->stats = stats ? stats : f->own_stats;
+    pthread_mutex_init(&f->ahead_lock, NULL);
     return f;
 }
 
@@ -93,6 +116,7 @@ void ll_fast_free(struct ll_fast *f)
         return;
     fast_release_views(f);
     Py_CLEAR(f->state);
+    pthread_mutex_destroy(&f->ahead_lock);
     PyMem_Free(f);
 }
 
@@ -524,6 +548,25 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     return replied;
 }
 
+/* Push bytes [0, n) of the object at `off` in `shard` into the kernel's
+ * page cache for inode `ino` (FUSE_NOTIFY_STORE): 0, or -1 when not done
+ * (unreadable, or the kernel refused: e.g. ENOENT, an inode it does not
+ * have). */
+static int push(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t n)
+{
+    if (n == 0)
+        return -1;
+    int stored = -1;
+    char *buf = malloc((size_t)n);
+    if (buf && g_read(shard, off, buf, (size_t)n) == SFS_OK) {
+        struct fuse_bufvec bv = FUSE_BUFVEC_INIT((size_t)n);
+        bv.buf[0].mem = buf;
+        stored = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0) == 0 ? 0 : -1;
+    }
+    free(buf);
+    return stored;
+}
+
 int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
 {
     uint64_t off, size;
@@ -532,17 +575,80 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
     sfs_shard_t *shard = fast_resolve(s->fast, ino, &open, &rc, &off, &size);
     if (!shard)
         return -1;
-    int stored = -1;
-    if (rc == SFS_OK && size) {
-        size_t n = size < want ? (size_t)size : want;
-        char *buf = malloc(n);
-        if (buf && g_read(shard, off, buf, n) == SFS_OK) {
-            struct fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
-            bv.buf[0].mem = buf;
-            stored = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0) == 0 ? 0 : -1;
-        }
-        free(buf);
-    }
+    int stored = rc == SFS_OK ? push(s, shard, ino, off, size < want ? size : want) : -1;
     busy_add(open, -1);
     return stored;
+}
+
+
+void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
+{
+    struct ll_fast *f = s->fast;
+    uint32_t number, slot;
+    if (!f || !sfs_ll_object_inode(ino, &number, &slot))
+        return;
+    uint32_t from = 0, to = 0;
+    pthread_mutex_lock(&f->ahead_lock);
+    struct ahead_stream *st = NULL, *oldest = &f->ahead[0];
+    for (int i = 0; i < AHEAD_STREAMS && !st; i++) {
+        struct ahead_stream *a = &f->ahead[i];
+        if (a->used && a->shard == number && slot > a->last && slot - a->last <= AHEAD_GAP)
+            st = a;
+        else if (a->used < oldest->used)
+            oldest = a;
+    }
+    if (st) {
+        st->streak++;
+    } else { /* a new stream, in place of the oldest */
+        st = oldest;
+        st->streak = 0;
+        st->shard = number;
+        st->until = 0;
+    }
+    st->used = ++f->ahead_clock;
+    /* two reads in order in a row: one alone happens by chance in a small
+     * shard read at random */
+    if (st->streak >= 2 && (st->until < slot + AHEAD_SLOTS / 2 || st->until > slot + AHEAD_GAP)) {
+        from = st->until > slot && st->until <= slot + AHEAD_GAP ? st->until + 1 : slot + 1;
+        to = slot + AHEAD_SLOTS;
+        st->until = to;
+    }
+    st->last = slot;
+    pthread_mutex_unlock(&f->ahead_lock);
+    if (from == 0 || to < from)
+        return;
+    if (__atomic_add_fetch(&s->storing, 1, __ATOMIC_ACQ_REL) > s->store_max)
+        goto done; /* see ll_ioctl: a thread must stay free to serve READs */
+    if (!fast_begin(f))
+        goto done;
+    int64_t mtime;
+    sfs_shard_t *shard = fast_shard(f, number, &mtime);
+    OpenShards *open = f->open;
+    if (shard)
+        busy_add(open, 1);
+    table_read_unlock();
+    if (!shard)
+        goto done;
+    uint64_t offs[AHEAD_SLOTS], sizes[AHEAD_SLOTS];
+    uint64_t count = sfs_slot_count(shard);
+    size_t n = 0;
+    /* Ask for every object's bytes at once (the device serves them in
+     * parallel), then push them in order: the reader wants the first next. */
+    for (uint32_t j = from; j <= to && j < count && n < AHEAD_SLOTS; j++) {
+        uint64_t off, size;
+        if (g_slot_object(shard, j, &off, &size) != SFS_OK || size == 0 || size > AHEAD_MAX_SIZE) {
+            offs[n] = UINT64_MAX;
+        } else {
+            sfs_prefetch(shard, off, size);
+            offs[n] = off;
+            sizes[n] = size;
+        }
+        n++;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (offs[i] != UINT64_MAX)
+            push(s, shard, ((uint64_t)(number + 1) << SFS_LL_OBJECT_SHIFT) | (from + i), offs[i], sizes[i]);
+    busy_add(open, -1);
+done:
+    __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
 }

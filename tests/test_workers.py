@@ -602,32 +602,47 @@ def test_pushes_and_reads_of_the_same_objects_from_many_threads(mounter, tmp_pat
 
 
 def test_reads_in_listing_order_are_pushed_ahead(mounter, tmp_path):
-    """Objects read whole in the flat root's listing order (as tar and
-    find | xargs read them) are pushed into the page cache ahead of the
-    reads, so most of them send no READ; every byte is right, objects
-    above 128 KiB and empty ones included. Read in another order (rsync
-    sorts names), the bytes are as right and no object costs more than its
-    one READ (in a shard this small, runs of reads fall in order by chance
-    and are pushed ahead too)."""
+    """Objects read whole in the flat root's listing order (slot order, as
+    tar and find | xargs read them), in name order (rsync sorts names), or
+    in a fan-out directory's listing order (names) are pushed into the page
+    cache ahead of the reads, so most of them send no READ; every byte is
+    right, objects above 128 KiB and empty ones included. In random order
+    the bytes are as right and no object costs more than its one READ (in
+    a shard this small, runs of reads fall in order by chance and are
+    pushed ahead too)."""
     rng = random.Random(61)
     sizes = [rng.randint(1, 9000) for _ in range(600)] + [0, 200_000, 4096, 131072, 131073]
     blobs = [i.to_bytes(4, "big") + rng.randbytes(n - 4) if n >= 4 else rng.randbytes(n)
              for i, n in enumerate(sizes)]
     objects = build_shard(tmp_path / "s.shard", blobs)
-    point = mounter.mount(tmp_path / "s.shard", tmp_path / "m", "--layout", "flat")
-    names = os.listdir(point)
+
+    def read_all(point: Path, paths: list) -> int:
+        before = requests(point)
+        for path in paths:
+            assert _read_with_syscalls(path) == objects[path.name], len(objects[path.name])
+        return _grown(before, requests(point)).get("read", 0)
+
+    flat = mounter.mount(tmp_path / "s.shard", tmp_path / "m", "--layout", "flat")
+    assert wait_until(lambda: stats(flat)["sidecars"] == 1)  # key order needs the sidecar
+    names = os.listdir(flat)
     assert sorted(names) == sorted(objects)
-    before = requests(point)
-    for name in names:
-        assert _read_with_syscalls(point / name) == objects[name], len(objects[name])
-    reads = _grown(before, requests(point)).get("read", 0)
+    reads = read_all(flat, [flat / n for n in names])
     assert reads <= len(names) // 8, f"{reads} READs for {len(names)} objects read in listing order"
-    other = mounter.mount(tmp_path / "s.shard", tmp_path / "m2", "--layout", "flat")
-    os.listdir(other)
-    before = requests(other)
-    for name in sorted(names):
-        assert _read_with_syscalls(other / name) == objects[name]
-    assert _grown(before, requests(other)).get("read", 0) <= len(names)
+    by_name = mounter.mount(tmp_path / "s.shard", tmp_path / "m2", "--layout", "flat")
+    assert wait_until(lambda: stats(by_name)["sidecars"] == 1)
+    reads = read_all(by_name, [by_name / n for n in sorted(os.listdir(by_name))])
+    assert reads <= len(names) // 8, f"{reads} READs for {len(names)} objects read in name order"
+    fan = mounter.mount(tmp_path / "s.shard", tmp_path / "m3", "--layout", "fanout", "--slicing", "0:1")
+    assert wait_until(lambda: stats(fan)["sidecars"] == 1)
+    paths = [fan / d / n for d in sorted(os.listdir(fan)) for n in os.listdir(fan / d)]
+    assert len(paths) == len(names)
+    reads = read_all(fan, paths)
+    assert reads <= len(names) // 4, f"{reads} READs for {len(names)} objects read in fan-out listing order"
+    shuffled = mounter.mount(tmp_path / "s.shard", tmp_path / "m4", "--layout", "flat")
+    os.listdir(shuffled)
+    order = sorted(names)
+    rng.shuffle(order)
+    assert read_all(shuffled, [shuffled / n for n in order]) <= len(names)
 
 
 def test_no_open_mode_after_the_first_open(mixed, mounter, tmp_path):

@@ -93,9 +93,10 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
 int ll_fast_store(Session *s, fuse_ino_t ino, size_t want);
 /* After a read from the start of object `ino` (answered): when the reads
  * of this process come in the shard's slot order (the flat root's listing
- * order: tar, rsync, find | xargs), push the objects of the next slots
- * (up to 32, each of at most 128 KiB) into the kernel's page cache, so
- * that their reads send no READ. */
+ * order: tar, find | xargs) or in key order (sorted names: rsync, fan-out
+ * listings; the next slots from the shard's sidecar), push the next 32
+ * objects of that order (each of at most 128 KiB) into the kernel's page
+ * cache, so that their reads send no READ. */
 void ll_fast_push_ahead(Session *s, fuse_ino_t ino);
 
 /* A fast path reading the published table sequence at `seq` (NULL: none

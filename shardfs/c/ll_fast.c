@@ -49,6 +49,8 @@
 #define AHEAD_MAX_SIZE (128 * 1024)
 /* Streams of reads in order followed at once, per process. */
 #define AHEAD_STREAMS 8
+/* Sidecars kept open per process for streams in key order. */
+#define AHEAD_SIDECARS 4
 
 struct ll_fast {
     PyObject *state;          /* the last fast_state() tuple (strong reference), or NULL */
@@ -73,11 +75,20 @@ struct ll_fast {
     struct ahead_stream {
         uint64_t used;     /* when last matched (a counter): the oldest is replaced */
         int streak;        /* reads in order in a row */
+        int by_key;        /* key order (rsync, fan-out listings), else slot order */
         uint32_t shard;    /* shard number */
-        uint32_t last;     /* slot of the last object read from its start */
-        uint32_t until;    /* last slot pushed ahead */
+        uint64_t last;     /* slot, or top 64 key bits, of the last object read */
+        uint64_t until;    /* last slot, or sidecar position, pushed ahead */
     } ahead[AHEAD_STREAMS];
     uint64_t ahead_clock;
+    /* Sidecars opened for key order (their slots sorted by key), under
+     * ahead_lock; closed when the snapshot changes. */
+    struct ahead_sidecar {
+        uint32_t shard;
+        sfs_sidecar_t *sc;
+        uint64_t used;
+    } sidecars[AHEAD_SIDECARS];
+    PyObject *orders;         /* borrowed from `state`: per shard number, (sidecar path, identity) or None */
 };
 
 /* Forget the snapshot's views (under the table lock, or before any
@@ -116,6 +127,8 @@ void ll_fast_free(struct ll_fast *f)
         return;
     fast_release_views(f);
     Py_CLEAR(f->state);
+    for (int i = 0; i < AHEAD_SIDECARS; i++)
+        sfs_sidecar_close(f->sidecars[i].sc);
     pthread_mutex_destroy(&f->ahead_lock);
     PyMem_Free(f);
 }
@@ -124,11 +137,22 @@ void ll_fast_free(struct ll_fast *f)
  * which no request reads. Returns 0, or -1 with an exception set. */
 static int fast_build(struct ll_fast *f, PyObject *st)
 {
-    PyObject *open, *filters, *levels, *maps, *mtimes, *prefixes;
+    PyObject *open, *filters, *levels, *maps, *mtimes, *prefixes, *orders;
     long long dir_time_ns, applied;
-    if (!PyArg_ParseTuple(st, "O!OO!O!OO!LL", &OpenShardsType, &open, &filters, &PyTuple_Type, &levels,
-                          &PyTuple_Type, &maps, &mtimes, &PyTuple_Type, &prefixes, &dir_time_ns, &applied))
+    if (!PyArg_ParseTuple(st, "O!OO!O!OO!LLO!", &OpenShardsType, &open, &filters, &PyTuple_Type, &levels,
+                          &PyTuple_Type, &maps, &mtimes, &PyTuple_Type, &prefixes, &dir_time_ns, &applied,
+                          &PyTuple_Type, &orders))
         return -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(orders); i++) {
+        PyObject *o = PyTuple_GET_ITEM(orders, i);
+        if (o != Py_None && !(PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 2 && PyBytes_Check(PyTuple_GET_ITEM(o, 0)) &&
+                              PyBytes_Check(PyTuple_GET_ITEM(o, 1)) &&
+                              PyBytes_GET_SIZE(PyTuple_GET_ITEM(o, 1)) == SFS_SIDECAR_IDENTITY_SIZE)) {
+            PyErr_SetString(PyExc_TypeError, "fast_state(): orders must hold None or (path, 32-byte identity)");
+            return -1;
+        }
+    }
+    f->orders = orders;
     Py_ssize_t n = PyTuple_GET_SIZE(levels), depth = PyTuple_GET_SIZE(prefixes);
     if (PyTuple_GET_SIZE(maps) != n || depth > SFS_LL_MAX_DEPTH) {
         PyErr_SetString(PyExc_ValueError, "fast_state(): levels and maps differ, or too deep a layout");
@@ -222,7 +246,15 @@ void ll_fast_refresh(struct ll_fast *f, PyObject *fs)
     f->layout = fresh.layout;
     f->dir_time_ns = fresh.dir_time_ns;
     f->applied = fresh.applied;
+    f->orders = fresh.orders;
     table_write_unlock();
+    pthread_mutex_lock(&f->ahead_lock); /* shard numbers may name other shards now */
+    for (int i = 0; i < AHEAD_SIDECARS; i++) {
+        sfs_sidecar_close(f->sidecars[i].sc);
+        f->sidecars[i].sc = NULL;
+        f->sidecars[i].used = 0;
+    }
+    pthread_mutex_unlock(&f->ahead_lock);
     fast_release_views(&old);
     Py_XDECREF(old.state);
 }
@@ -581,18 +613,77 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
 }
 
 
-void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
+static __attribute__((noinline)) int g_slot_key(const sfs_shard_t *shard, uint64_t slot, uint8_t *key)
 {
-    struct ll_fast *f = s->fast;
-    uint32_t number, slot;
-    if (!f || !sfs_ll_object_inode(ino, &number, &slot))
-        return;
-    uint32_t from = 0, to = 0;
-    pthread_mutex_lock(&f->ahead_lock);
+    int rc = SFS_OK;
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_slot_get(shard, slot, key) == SFS_EMPTY_OFFSET ? SFS_ENOTFOUND : SFS_OK);
+    return rc;
+}
+
+/* The position of `slot` (whose key is `key`) among sidecar `sc`'s
+ * entries (sorted by key), and the slots of the next `max` entries into
+ * out: how many (0 when not found). */
+static __attribute__((noinline)) size_t g_next_by_key(const sfs_sidecar_t *sc, const uint8_t *key, uint32_t slot,
+                                                      size_t max, uint64_t *pos, uint32_t *out)
+{
+    size_t n = 0;
+    SFS_GUARDED(n = 0, {
+        uint64_t b, e;
+        unsigned bits = sfs_sidecar_prefix_bits(sc) + 32;
+        sfs_sidecar_range(sc, key, bits < 8 * SFS_KEY_SIZE ? bits : 8 * SFS_KEY_SIZE, &b, &e);
+        for (uint64_t j = b; j < e; j++) {
+            uint32_t at;
+            if (sfs_sidecar_slots(sc, j, j + 1, &at) == 1 && at == slot) {
+                *pos = j;
+                n = (size_t)sfs_sidecar_slots(sc, *pos + 1, *pos + 1 + max, out);
+                break;
+            }
+        }
+    });
+    return n;
+}
+
+/* The sidecar of shard `number` for key order, opened now if needed (at
+ * most AHEAD_SIDECARS kept); NULL when it has none. Under ahead_lock and
+ * the table read lock (orders is the snapshot's). */
+static const sfs_sidecar_t *ahead_sidecar(struct ll_fast *f, uint32_t number, uint64_t slot_count)
+{
+    struct ahead_sidecar *oldest = &f->sidecars[0];
+    for (int i = 0; i < AHEAD_SIDECARS; i++) {
+        struct ahead_sidecar *a = &f->sidecars[i];
+        if (a->sc && a->shard == number) {
+            a->used = ++f->ahead_clock;
+            return a->sc;
+        }
+        if (a->used < oldest->used)
+            oldest = a;
+    }
+    if (!f->orders || (Py_ssize_t)number >= PyTuple_GET_SIZE(f->orders))
+        return NULL;
+    PyObject *o = PyTuple_GET_ITEM(f->orders, number);
+    if (o == Py_None)
+        return NULL;
+    sfs_sidecar_t *sc = NULL;
+    sfs_error_t err;
+    if (sfs_sidecar_open(PyBytes_AS_STRING(PyTuple_GET_ITEM(o, 0)),
+                         (const uint8_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(o, 1)), slot_count, &sc, &err) != SFS_OK)
+        return NULL;
+    sfs_sidecar_close(oldest->sc);
+    oldest->sc = sc;
+    oldest->shard = number;
+    oldest->used = ++f->ahead_clock;
+    return sc;
+}
+
+/* The stream of `by_key` order that a read at `at` of shard `number`
+ * continues (at most `gap` after its last), else the oldest, replaced by a
+ * new one; returns it with its streak counted. Under ahead_lock. */
+static struct ahead_stream *ahead_follow(struct ll_fast *f, int by_key, uint32_t number, uint64_t at, uint64_t gap)
+{
     struct ahead_stream *st = NULL, *oldest = &f->ahead[0];
     for (int i = 0; i < AHEAD_STREAMS && !st; i++) {
         struct ahead_stream *a = &f->ahead[i];
-        if (a->used && a->shard == number && slot > a->last && slot - a->last <= AHEAD_GAP)
+        if (a->used && a->by_key == by_key && a->shard == number && at > a->last && at - a->last <= gap)
             st = a;
         else if (a->used < oldest->used)
             oldest = a;
@@ -602,20 +693,28 @@ void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
     } else { /* a new stream, in place of the oldest */
         st = oldest;
         st->streak = 0;
+        st->by_key = by_key;
         st->shard = number;
         st->until = 0;
     }
     st->used = ++f->ahead_clock;
-    /* two reads in order in a row: one alone happens by chance in a small
-     * shard read at random */
-    if (st->streak >= 2 && (st->until < slot + AHEAD_SLOTS / 2 || st->until > slot + AHEAD_GAP)) {
-        from = st->until > slot && st->until <= slot + AHEAD_GAP ? st->until + 1 : slot + 1;
-        to = slot + AHEAD_SLOTS;
-        st->until = to;
-    }
-    st->last = slot;
-    pthread_mutex_unlock(&f->ahead_lock);
-    if (from == 0 || to < from)
+    st->last = at;
+    return st;
+}
+
+static uint64_t top64(const uint8_t *key)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | key[i];
+    return v;
+}
+
+void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
+{
+    struct ll_fast *f = s->fast;
+    uint32_t number, slot;
+    if (!f || !sfs_ll_object_inode(ino, &number, &slot))
         return;
     if (__atomic_add_fetch(&s->storing, 1, __ATOMIC_ACQ_REL) > s->store_max)
         goto done; /* see ll_ioctl: a thread must stay free to serve READs */
@@ -623,31 +722,63 @@ void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
         goto done;
     int64_t mtime;
     sfs_shard_t *shard = fast_shard(f, number, &mtime);
+    if (!shard) {
+        table_read_unlock();
+        goto done;
+    }
+    uint64_t count = sfs_slot_count(shard);
+    uint8_t key[SFS_KEY_SIZE];
+    int keyed = g_slot_key(shard, slot, key) == SFS_OK;
+    /* Two reads in order in a row before a push: one alone happens by
+     * chance in a small shard read at random. Slot order is the flat
+     * root's listing order (tar, find | xargs); key order is sorted names
+     * (rsync, fan-out listings): in order when the key follows the last by
+     * at most AHEAD_GAP times the mean distance between keys. */
+    uint32_t slots[AHEAD_SLOTS];
+    size_t n = 0;
+    pthread_mutex_lock(&f->ahead_lock);
+    struct ahead_stream *st = ahead_follow(f, 0, number, slot, AHEAD_GAP);
+    if (st->streak >= 2 && (st->until < (uint64_t)slot + AHEAD_SLOTS / 2 || st->until > (uint64_t)slot + AHEAD_GAP)) {
+        uint64_t from = st->until > slot && st->until <= (uint64_t)slot + AHEAD_GAP ? st->until + 1 : (uint64_t)slot + 1;
+        for (uint64_t j = from; j <= (uint64_t)slot + AHEAD_SLOTS && j < count; j++)
+            slots[n++] = (uint32_t)j;
+        st->until = (uint64_t)slot + AHEAD_SLOTS;
+    } else if (keyed && st->streak == 0 && count) {
+        struct ahead_stream *ks = ahead_follow(f, 1, number, top64(key), UINT64_MAX / count * AHEAD_GAP);
+        if (ks->streak >= 2) {
+            const sfs_sidecar_t *sc = ahead_sidecar(f, number, count);
+            uint64_t pos = 0;
+            uint32_t next[AHEAD_SLOTS];
+            size_t got = sc ? g_next_by_key(sc, key, slot, AHEAD_SLOTS, &pos, next) : 0;
+            /* positions after what this stream pushed already */
+            size_t skip = ks->until > pos && ks->until <= pos + AHEAD_GAP ? (size_t)(ks->until - pos) : 0;
+            if (got && (ks->until < pos + AHEAD_SLOTS / 2 || skip == 0)) {
+                for (size_t i = skip; i < got; i++)
+                    slots[n++] = next[i];
+                ks->until = pos + got;
+            }
+        }
+    }
+    pthread_mutex_unlock(&f->ahead_lock);
     OpenShards *open = f->open;
-    if (shard)
+    if (n)
         busy_add(open, 1);
     table_read_unlock();
-    if (!shard)
+    if (!n)
         goto done;
     uint64_t offs[AHEAD_SLOTS], sizes[AHEAD_SLOTS];
-    uint64_t count = sfs_slot_count(shard);
-    size_t n = 0;
     /* Ask for every object's bytes at once (the device serves them in
      * parallel), then push them in order: the reader wants the first next. */
-    for (uint32_t j = from; j <= to && j < count && n < AHEAD_SLOTS; j++) {
-        uint64_t off, size;
-        if (g_slot_object(shard, j, &off, &size) != SFS_OK || size == 0 || size > AHEAD_MAX_SIZE) {
-            offs[n] = UINT64_MAX;
-        } else {
-            sfs_prefetch(shard, off, size);
-            offs[n] = off;
-            sizes[n] = size;
-        }
-        n++;
+    for (size_t i = 0; i < n; i++) {
+        if (slots[i] < count && g_slot_object(shard, slots[i], &offs[i], &sizes[i]) == SFS_OK && sizes[i] > 0 &&
+            sizes[i] <= AHEAD_MAX_SIZE)
+            sfs_prefetch(shard, offs[i], sizes[i]);
+        else
+            offs[i] = UINT64_MAX;
     }
     for (size_t i = 0; i < n; i++)
         if (offs[i] != UINT64_MAX)
-            push(s, shard, ((uint64_t)(number + 1) << SFS_LL_OBJECT_SHIFT) | (from + i), offs[i], sizes[i]);
+            push(s, shard, ((uint64_t)(number + 1) << SFS_LL_OBJECT_SHIFT) | slots[i], offs[i], sizes[i]);
     busy_add(open, -1);
 done:
     __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);

@@ -60,6 +60,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from shardfs import sidecar as sidecar_mod
 from shardfs.fuse.layout import (OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode, split_db_inode,
                                  split_object_inode)
 from shardfs.fuse.shardset import MountedShard, ShardSet
@@ -288,8 +289,13 @@ class ShardFS:
         for member in shards.served():
             mtimes[member.number] = _ns(member.mtime)
         prefixes = tuple(self.layout.prefix_len(d) for d in range(1, self.layout.depth + 1))
+        orders = [None] * len(mtimes)  # sidecars: slots in key order, for pushes ahead
+        for member in shards.served():
+            if member.sidecar_dir is not None and member.identity:
+                orders[member.number] = (os.fsencode(sidecar_mod.sidecar_path(member.sidecar_dir, member.identity)),
+                                         member.identity)
         state = (shards.open_table, shards.filters if len(shards.filters) else None, levels, maps, mtimes,
-                 prefixes, self._dir_time_ns, made_of[3])
+                 prefixes, self._dir_time_ns, made_of[3], tuple(orders))
         self._fast = (made_of, state)
         return state
 

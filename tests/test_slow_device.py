@@ -52,7 +52,6 @@ a hung mount or a reader stuck in the kernel.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import subprocess
@@ -87,18 +86,6 @@ SETTLE_TIMEOUT = 10.0
 PAGE = 4096
 
 
-def _libfuse_version() -> int:
-    """fuse_version() of the libfuse3 pyfuse3 runs on (3.14 -> 314); 0 if unknown."""
-    try:
-        return int(ctypes.CDLL("libfuse3.so.3").fuse_version())
-    except (OSError, AttributeError):
-        return 0
-
-
-#: libfuse tells the kernel that lookups may run in parallel from 3.17.1
-#: on (there was no 3.17.0 release); before, LOOKUPs of one directory are
-#: serialized by the kernel.
-PARALLEL_LOOKUPS = _libfuse_version() >= 317
 
 SLOWFS_SCRIPT = r'''
 """slowfs: one read-only file whose reads of a byte range wait for a gate.
@@ -378,12 +365,11 @@ def test_reader_waiting_on_slow_device_does_not_stall_others(slow_shard, mounter
     _others_read_while_one_waits(slow_shard, mounter, tmp_path)
 
 
-@pytest.mark.xfail(not PARALLEL_LOOKUPS, strict=True,
-                   reason="libfuse < 3.17.1 does not pass FUSE_PARALLEL_DIROPS to the kernel, which then "
-                          "runs one LOOKUP per directory at a time (libfuse #861)")
 @pytest.mark.parametrize("slow_shard", ["lookup"], indirect=True)
 def test_lookup_waiting_on_slow_device_does_not_stall_others(slow_shard, mounter, tmp_path):
     """The same when the gated reader waits in LOOKUP (the size field of
     its object is on the slow page): the other lookups of the directory
-    must not wait for it."""
+    must not wait for it. (libfuse before 3.17.1 drops FUSE_PARALLEL_DIROPS
+    from its answer to INIT, and the kernel then runs one LOOKUP per
+    directory at a time: the mount adds the flag itself, py_session.c.)"""
     _others_read_while_one_waits(slow_shard, mounter, tmp_path)

@@ -19,6 +19,7 @@ import os
 import random
 import re
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -791,31 +792,33 @@ def _ask(point: Path, payload: bytes, uid: int = 0) -> dict:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
+        reply = b""
         try:
             os.close(r)
             if uid:
                 os.setgid(uid)
                 os.setuid(uid)
-            import socket
-
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(10)
                 sock.connect(control.address(mount.mnt_id))
                 sock.sendall(payload)
-                reply = b""
                 while not reply.endswith(b"\n"):
                     chunk = sock.recv(4096)
                     if not chunk:
                         break
                     reply += chunk
-            os.write(w, reply)
+        except BaseException as exc:  # told to the parent, which fails the test with it
+            reply = json.dumps({"child_error": repr(exc), "got": reply.decode("latin-1")}).encode()
         finally:
+            os.write(w, reply or b'{"child_error": "no answer"}')
             os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         reply = f.read()
     os.waitpid(pid, 0)
-    return json.loads(reply)
+    answer = json.loads(reply)
+    assert "child_error" not in answer, answer
+    return answer
 
 
 def test_takedown_listener_refuses_bad_requests_and_other_users(mounter, tmp_path):

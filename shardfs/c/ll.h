@@ -57,6 +57,7 @@ typedef struct {
     int has_counts_view;
     Py_buffer seq_view, stats_view; /* shared memory read by ll_fast.c (obj NULL: none) */
     struct ll_fast *fast;     /* NULL until serve(): every request goes to Python */
+    volatile int patch_init;  /* the INIT answer being written gets FUSE_PARALLEL_DIROPS */
     int store_max;            /* threads that may push bytes at once (ll_ioctl) */
     int storing;              /* threads pushing bytes now (atomic) */
 } Session;

@@ -470,6 +470,9 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
     /* READDIRPLUS always (the handlers list with attributes), never a
      * plain READDIR chosen by the kernel's heuristics */
     conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
+    /* lookups and listings of one directory in parallel (py_session.c adds
+     * the flag libfuse 3.14 drops from the answer) */
+    s->patch_init = (conn->capable & FUSE_CAP_PARALLEL_DIROPS) != 0;
     s->init_done = 1;
 }
 

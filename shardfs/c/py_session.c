@@ -13,6 +13,11 @@
  */
 #include "ll.h"
 
+#include <linux/fuse.h>
+#include <stddef.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <poll.h>
 #include <time.h>
 
@@ -58,6 +63,29 @@ static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
  * handlers `fs`; attributes owned by uid:gid, cached `cache_timeout`
  * seconds, absent names `entry_timeout` seconds. Raises RuntimeError when
  * libfuse refuses the options or the mount (it says why on stderr). */
+/* The session's I/O on /dev/fuse (fuse_session_custom_io): plain read and
+ * writev, but for the answer to INIT, which gets FUSE_PARALLEL_DIROPS
+ * when the kernel offers it. libfuse before 3.17.1 never passes that flag
+ * (its do_init drops it: libfuse commit c9905341, issue #861), and
+ * without it the kernel runs one LOOKUP or READDIR per directory at a
+ * time: every cold open in a flat root would wait for the one before. */
+static ssize_t session_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+    Session *s = userdata;
+    if (s && s->patch_init && count >= 2 &&
+        iov[1].iov_len >= offsetof(struct fuse_init_out, flags) + sizeof(uint32_t)) {
+        struct fuse_init_out *out = iov[1].iov_base;
+        out->flags |= FUSE_PARALLEL_DIROPS;
+        s->patch_init = 0;
+    }
+    return writev(fd, iov, count);
+}
+
+static ssize_t session_read(int fd, void *buf, size_t len, void *userdata)
+{
+    return read(fd, buf, len);
+}
+
 static int Session_init(Session *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"fs", "mountpoint", "options", "uid", "gid", "cache_timeout", "entry_timeout", NULL};
@@ -116,6 +144,11 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
         goto out;
     }
     self->mounted = 1;
+    static const struct fuse_custom_io io = {.writev = session_writev, .read = session_read};
+    if (fuse_session_custom_io(self->se, &io, fuse_session_fd(self->se)) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "libfuse refused the session's I/O");
+        goto out;
+    }
     rc = 0;
 out:
     for (Py_ssize_t i = 0; keep && i < n; i++)

@@ -44,7 +44,7 @@
  * between two reads that still count as in order (the reads of pushed
  * objects never reach the mount: the next read comes after them). */
 #define AHEAD_SLOTS 32
-#define AHEAD_GAP (2 * AHEAD_SLOTS)
+#define AHEAD_GAP 16
 /* Objects larger than this are not pushed ahead. */
 #define AHEAD_MAX_SIZE (128 * 1024)
 /* Streams of reads in order followed at once, per process. */
@@ -79,6 +79,7 @@ struct ll_fast {
         uint32_t shard;    /* shard number */
         uint64_t last;     /* slot, or top 64 key bits, of the last object read */
         uint64_t until;    /* last slot, or sidecar position, pushed ahead */
+        uint64_t reach;    /* last slot, or top 64 key bits, pushed ahead */
     } ahead[AHEAD_STREAMS];
     uint64_t ahead_clock;
     /* Sidecars opened for key order (their slots sorted by key), under
@@ -676,14 +677,26 @@ static const sfs_sidecar_t *ahead_sidecar(struct ll_fast *f, uint32_t number, ui
 }
 
 /* The stream of `by_key` order that a read at `at` of shard `number`
- * continues (at most `gap` after its last), else the oldest, replaced by a
- * new one; returns it with its streak counted. Under ahead_lock. */
-static struct ahead_stream *ahead_follow(struct ll_fast *f, int by_key, uint32_t number, uint64_t at, uint64_t gap)
+ * continues (after its last read, and at most AHEAD_GAP `unit`s past it,
+ * or, once it pushed, AHEAD_SLOTS + AHEAD_GAP past what it pushed: the
+ * read after a push comes past the pushed objects, and past what other
+ * workers pushed for the same reader), else the oldest, replaced by a new
+ * one; returns it with its streak counted. Under ahead_lock. */
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+static struct ahead_stream *ahead_follow(struct ll_fast *f, int by_key, uint32_t number, uint64_t at, uint64_t unit)
 {
     struct ahead_stream *st = NULL, *oldest = &f->ahead[0];
     for (int i = 0; i < AHEAD_STREAMS && !st; i++) {
         struct ahead_stream *a = &f->ahead[i];
-        if (a->used && a->by_key == by_key && a->shard == number && at > a->last && at - a->last <= gap)
+        /* past a push, the next read may also come past what the other
+         * workers pushed for the same reader: up to a window more */
+        uint64_t edge = a->reach > a->last ? a->reach : a->last;
+        uint64_t room = a->reach > a->last ? sat_mul(unit, AHEAD_SLOTS + AHEAD_GAP) : sat_mul(unit, AHEAD_GAP);
+        if (a->used && a->by_key == by_key && a->shard == number && at > a->last && (at <= edge || at - edge <= room))
             st = a;
         else if (a->used < oldest->used)
             oldest = a;
@@ -695,7 +708,7 @@ static struct ahead_stream *ahead_follow(struct ll_fast *f, int by_key, uint32_t
         st->streak = 0;
         st->by_key = by_key;
         st->shard = number;
-        st->until = 0;
+        st->until = st->reach = 0;
     }
     st->used = ++f->ahead_clock;
     st->last = at;
@@ -732,30 +745,39 @@ void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
     /* Two reads in order in a row before a push: one alone happens by
      * chance in a small shard read at random. Slot order is the flat
      * root's listing order (tar, find | xargs); key order is sorted names
-     * (rsync, fan-out listings): in order when the key follows the last by
-     * at most AHEAD_GAP times the mean distance between keys. */
+     * (rsync, fan-out listings). A read is in order when it comes after
+     * the stream's last and at most AHEAD_GAP slots (in key order: times
+     * the mean distance between the shard's keys) past the farther of that
+     * read and what was pushed: a sparse reader (every 40th name, say) is not
+     * pushed 32 objects it will not read. */
     uint32_t slots[AHEAD_SLOTS];
     size_t n = 0;
     pthread_mutex_lock(&f->ahead_lock);
-    struct ahead_stream *st = ahead_follow(f, 0, number, slot, AHEAD_GAP);
-    if (st->streak >= 2 && (st->until < (uint64_t)slot + AHEAD_SLOTS / 2 || st->until > (uint64_t)slot + AHEAD_GAP)) {
-        uint64_t from = st->until > slot && st->until <= (uint64_t)slot + AHEAD_GAP ? st->until + 1 : (uint64_t)slot + 1;
+    struct ahead_stream *st = ahead_follow(f, 0, number, slot, 1);
+    /* push when less than half a window is left ahead (or what was pushed
+     * is no window ahead of this read: another part of the shard) */
+    if (st->streak >= 2 && (st->until < (uint64_t)slot + AHEAD_SLOTS / 2 || st->until > (uint64_t)slot + AHEAD_SLOTS)) {
+        uint64_t from = st->until > slot && st->until <= (uint64_t)slot + AHEAD_SLOTS ? st->until + 1 : (uint64_t)slot + 1;
         for (uint64_t j = from; j <= (uint64_t)slot + AHEAD_SLOTS && j < count; j++)
             slots[n++] = (uint32_t)j;
-        st->until = (uint64_t)slot + AHEAD_SLOTS;
+        st->until = st->reach = (uint64_t)slot + AHEAD_SLOTS;
     } else if (keyed && st->streak == 0 && count) {
-        struct ahead_stream *ks = ahead_follow(f, 1, number, top64(key), UINT64_MAX / count * AHEAD_GAP);
+        uint64_t mean = UINT64_MAX / count; /* between two keys of the shard, in top 64 bits */
+        struct ahead_stream *ks = ahead_follow(f, 1, number, top64(key), mean);
         if (ks->streak >= 2) {
             const sfs_sidecar_t *sc = ahead_sidecar(f, number, count);
             uint64_t pos = 0;
             uint32_t next[AHEAD_SLOTS];
             size_t got = sc ? g_next_by_key(sc, key, slot, AHEAD_SLOTS, &pos, next) : 0;
             /* positions after what this stream pushed already */
-            size_t skip = ks->until > pos && ks->until <= pos + AHEAD_GAP ? (size_t)(ks->until - pos) : 0;
-            if (got && (ks->until < pos + AHEAD_SLOTS / 2 || skip == 0)) {
+            size_t skip = ks->until > pos && ks->until <= pos + AHEAD_SLOTS ? (size_t)(ks->until - pos) : 0;
+            if (got > skip && (ks->until < pos + AHEAD_SLOTS / 2 || skip == 0)) {
                 for (size_t i = skip; i < got; i++)
                     slots[n++] = next[i];
                 ks->until = pos + got;
+                uint8_t far[SFS_KEY_SIZE];
+                if (g_slot_key(shard, next[got - 1], far) == SFS_OK)
+                    ks->reach = top64(far);
             }
         }
     }

@@ -512,7 +512,10 @@ class Coordinator:
         if self._control is None:
             return
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(self._control))
-        await trio.serve_listeners(self._control_client, [listener])
+        try:
+            await trio.serve_listeners(self._control_client, [listener])
+        except Exception as exc:  # the mount keeps serving; takedowns fall back to the live bound
+            log.warning("takedown listener stopped: %s; takedowns show within the live bound", exc)
 
     async def _control_client(self, stream: Any) -> None:
         """Read one request from `stream`, act, answer one line."""
@@ -542,6 +545,10 @@ class Coordinator:
                     await stream.send_all(json.dumps({"error": f"bad request: {exc}"}).encode("ascii") + b"\n")
             except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 log.debug("takedown request dropped: %s", exc)
+            except Exception:  # never let one request end the listener (or the coordinator)
+                log.exception("takedown request failed")
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    await stream.send_all(b'{"error": "internal error: see the mount\'s log"}\n')
 
     def _takedown(self, ident: Dict[str, int], keys: List[bytes]) -> Dict[str, int]:
         """Make the kernel forget `keys` in every shard served from the file

@@ -704,19 +704,12 @@ class Coordinator:
         in every directory where they are looked up, the inode of their
         slot in the shard they are hidden in, and the inodes workers gave
         them as database objects (cached pages included)."""
-        def quiet(call: Callable[[], None]) -> None:
-            try:
-                call()
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not have it
-                    log.warning("cannot invalidate a taken-down object: %s", exc)
-
         from shardfs.fuse.layout import db_inode
 
         for key, shard_id in pairs:
             name = key.hex()
             for parent in self.fs.layout.parents_of(name):
-                quiet(lambda parent=parent: self.session.invalidate_entry(parent, name.encode("ascii")))
+                self._quiet_invalidate(self.session.invalidate_entry, parent, name.encode("ascii"))
             member = self.shards.get(shard_id)
             if member is not None:
                 try:
@@ -724,9 +717,9 @@ class Coordinator:
                 except Exception:
                     hit = None
                 if hit is not None:
-                    quiet(lambda: self.session.invalidate_inode(object_inode(member.number, hit[0])))
+                    self._quiet_invalidate(self.session.invalidate_inode, object_inode(member.number, hit[0]))
             for position, number in self.state.ring_find(key):
-                quiet(lambda: self.session.invalidate_inode(db_inode(position, number)))
+                self._quiet_invalidate(self.session.invalidate_inode, db_inode(position, number))
         log.info("winery: %d key(s) taken down: invalidated in the kernel", len(pairs))
 
     @staticmethod

@@ -547,21 +547,21 @@ class Reader:
                                  "served here (not mapped on this host?) and whose write shard is gone")
         return Location(size, shard_id=shard_id)
 
-    def _present_query(self) -> Any:
-        """One query for `present`: the shard signature2shard gives the key
-        (state present) and, when that shard has a write table known here,
-        the size of its row there (a scalar subquery per table)."""
-        if self._present_sql is None:
-            from psycopg import sql
+    def _row_query(self, what: str) -> str:
+        """One query for a key (parameter ``%(key)s``): the shard
+        signature2shard gives it (state present) and `what` (an SQL
+        expression over ``content``) of its row in that shard's write table
+        when the table is known here (a scalar subquery per table), else
+        NULL. Rendered once per set of tables: composing costs more than
+        the query's parsing."""
+        from psycopg import sql
 
-            cases = [sql.SQL("WHEN {} THEN (SELECT octet_length(content) FROM {} WHERE key = o.signature)").format(
-                sql.Literal(shard_id), sql.Identifier("shard_" + name))
-                for shard_id, name in sorted(self.tables.items())]
-            size = sql.SQL("CASE o.shard {} END").format(sql.SQL(" ").join(cases)) if cases else sql.SQL("NULL")
-            self._present_sql = sql.SQL(
-                "SELECT o.shard, {} FROM signature2shard o WHERE o.signature = %s AND o.state = 'present'"
-            ).format(size).as_string(None)  # rendered once: composing costs more than the query's parsing
-        return self._present_sql
+        cases = [sql.SQL("WHEN {} THEN (SELECT " + what + " FROM {} WHERE key = o.signature)").format(
+            sql.Literal(shard_id), sql.Identifier("shard_" + name))
+            for shard_id, name in sorted(self.tables.items())]
+        row = sql.SQL("CASE o.shard {} END").format(sql.SQL(" ").join(cases)) if cases else sql.SQL("NULL")
+        return sql.SQL("SELECT o.shard, {} FROM signature2shard o WHERE o.signature = %(key)s "
+                       "AND o.state = 'present'").format(row).as_string(None)
 
     def fetch(self, key: bytes, offset: int, length: int) -> Optional[bytes]:
         """Bytes [offset, offset+length) of `key` (clipped at its end) where
@@ -571,18 +571,11 @@ class Reader:
         elsewhere (packed: `locate` then `read` find its image),
         DatabaseUnavailable."""
         import psycopg
-        from psycopg import sql
 
         if not self.tables:
             raise KeyError(key)
         if self._fetch_sql is None:
-            cases = [sql.SQL("WHEN {} THEN (SELECT substring(content FROM %(start)s FOR %(length)s) FROM {} "
-                             "WHERE key = o.signature)").format(sql.Literal(shard_id),
-                                                                sql.Identifier("shard_" + name))
-                     for shard_id, name in sorted(self.tables.items())]
-            self._fetch_sql = sql.SQL("SELECT o.shard, CASE o.shard {} END FROM signature2shard o "
-                                      "WHERE o.signature = %(key)s AND o.state = 'present'"
-                                      ).format(sql.SQL(" ").join(cases)).as_string(None)
+            self._fetch_sql = self._row_query("substring(content FROM %(start)s FOR %(length)s)")
         try:
             rows = self.db.query(self._fetch_sql, {"key": key, "start": offset + 1, "length": max(0, length)})
         except psycopg.errors.UndefinedTable:  # cleaned since the last poll
@@ -602,7 +595,9 @@ class Reader:
         import psycopg
 
         try:
-            rows = self.db.query(self._present_query(), (key,))
+            if self._present_sql is None:
+                self._present_sql = self._row_query("octet_length(content)")
+            rows = self.db.query(self._present_sql, {"key": key})
         except psycopg.errors.UndefinedTable:  # cleaned since the last poll: ask without tables
             rows = [(r[0], None) for r in self.db.query(
                 "SELECT shard FROM signature2shard WHERE signature = %s AND state = 'present'", (key,))]

@@ -1,23 +1,26 @@
 /*
- * pq_lookup.c — what an object only in a winery database costs a reader
- * that queries with libpq directly (no Python): for each key, the two
- * indexed queries shardfs makes (the shard where signature2shard says the
- * key is present, then the object's row in that shard's write table),
- * prepared, with binary parameters and results.
+ * pq_lookup.c — the one query shardfs makes for an object only in a
+ * winery database (shardfs/winery.py Reader._row_query as Reader.fetch
+ * renders it: the object's shard in signature2shard and its bytes from that
+ * shard's write table), made from C with libpq instead of psycopg:
+ * prepared once, the key a binary parameter, binary results.
  *
- *   pq_lookup CONNINFO TABLE KEYFILE
+ *   pq_lookup CONNINFO SQL KEYFILE OUTFILE
  *
- * TABLE is the write shard's table (shard_<name>); KEYFILE one 64-hex key
- * per line. Prints one JSON line: {"objects": N, "bytes": B, "seconds": S,
- * "us_per_object": U}. Exit status 1 on a connection or query error, or a
- * key not found.
+ * SQL takes $1 (the 32-byte key), $2 (first byte, 1-based) and $3 (length)
+ * and returns one row (shard, bytes). KEYFILE holds one 64-hex key per
+ * line. The clock runs from the first query to the last (connection and
+ * PQprepare before it); then the objects' bytes are written to OUTFILE,
+ * concatenated in KEYFILE's order (the caller checks them), and one JSON
+ * line is printed: {"objects": N, "bytes": B, "seconds": S}. Exit status 1
+ * on a connection or query error, or a key that is not present.
  *
- * Build: gcc -O2 -I$(pg_config --includedir) -o pq_lookup bench/c/pq_lookup.c -lpq
+ * Built by bench/bench_winery.py (harness.compile_c, -I`pg_config
+ * --includedir` -lpq).
  */
 #include <libpq-fe.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 static double now(void)
@@ -38,35 +41,18 @@ static int unhex(const char *s, unsigned char out[32])
     return 0;
 }
 
+static int fail(PGconn *conn, const char *what)
+{
+    fprintf(stderr, "pq_lookup: %s: %s", what, PQerrorMessage(conn));
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: pq_lookup CONNINFO TABLE KEYFILE\n");
+    if (argc != 5) {
+        fprintf(stderr, "usage: pq_lookup CONNINFO SQL KEYFILE OUTFILE\n");
         return 2;
     }
-    PGconn *conn = PQconnectdb(argv[1]);
-    if (PQstatus(conn) != CONNECTION_OK) {
-        fprintf(stderr, "pq_lookup: %s", PQerrorMessage(conn));
-        return 1;
-    }
-    char q2[512];
-    char *table = PQescapeIdentifier(conn, argv[2], strlen(argv[2]));
-    snprintf(q2, sizeof(q2), "SELECT content FROM %s WHERE key = $1", table);
-    PQfreemem(table);
-    PGresult *r = PQprepare(conn, "shard",
-                            "SELECT shard FROM signature2shard WHERE signature = $1 AND state = 'present'",
-                            1, NULL);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-        fprintf(stderr, "pq_lookup: %s", PQerrorMessage(conn));
-        return 1;
-    }
-    PQclear(r);
-    r = PQprepare(conn, "content", q2, 1, NULL);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-        fprintf(stderr, "pq_lookup: %s", PQerrorMessage(conn));
-        return 1;
-    }
-    PQclear(r);
     FILE *f = fopen(argv[3], "r");
     if (!f) {
         perror(argv[3]);
@@ -82,29 +68,50 @@ int main(int argc, char **argv)
             n++;
     }
     fclose(f);
-    long long bytes = 0;
-    int one = 1, len = 32;
+    PGresult **rows = calloc(n ? n : 1, sizeof(*rows));
+
+    PGconn *conn = PQconnectdb(argv[1]);
+    if (PQstatus(conn) != CONNECTION_OK)
+        return fail(conn, "connect");
+    PGresult *r = PQprepare(conn, "object", argv[2], 3, NULL);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK)
+        return fail(conn, "prepare");
+    PQclear(r);
+
+    const char *params[3] = {NULL, "1", "2147483647"};
+    int lengths[3] = {32, 0, 0}, formats[3] = {1, 0, 0};
     double t0 = now();
     for (size_t i = 0; i < n; i++) {
-        const char *param = (const char *)keys[i];
-        r = PQexecPrepared(conn, "shard", 1, &param, &len, &one, 1);
-        if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
-            fprintf(stderr, "pq_lookup: key %zu: not present (%s)\n", i, PQerrorMessage(conn));
+        params[0] = (const char *)keys[i];
+        rows[i] = PQexecPrepared(conn, "object", 3, params, lengths, formats, 1);
+        if (PQresultStatus(rows[i]) != PGRES_TUPLES_OK)
+            return fail(conn, "query");
+        if (PQntuples(rows[i]) != 1 || PQgetisnull(rows[i], 0, 1)) {
+            fprintf(stderr, "pq_lookup: key %zu: not in a write table\n", i);
             return 1;
         }
-        PQclear(r);
-        r = PQexecPrepared(conn, "content", 1, &param, &len, &one, 1);
-        if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
-            fprintf(stderr, "pq_lookup: key %zu: no row (%s)\n", i, PQerrorMessage(conn));
-            return 1;
-        }
-        bytes += PQgetlength(r, 0, 0);
-        PQclear(r);
     }
     double s = now() - t0;
-    printf("{\"objects\": %zu, \"bytes\": %lld, \"seconds\": %.6f, \"us_per_object\": %.2f}\n", n, bytes, s,
-           n ? s / n * 1e6 : 0.0);
+
+    FILE *out = fopen(argv[4], "wb");
+    if (!out) {
+        perror(argv[4]);
+        return 1;
+    }
+    long long bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        int len = PQgetlength(rows[i], 0, 1);
+        fwrite(PQgetvalue(rows[i], 0, 1), 1, len, out);
+        bytes += len;
+        PQclear(rows[i]);
+    }
+    if (fclose(out) != 0) {
+        perror(argv[4]);
+        return 1;
+    }
+    printf("{\"objects\": %zu, \"bytes\": %lld, \"seconds\": %.6f}\n", n, bytes, s);
     PQfinish(conn);
+    free(rows);
     free(keys);
     return 0;
 }

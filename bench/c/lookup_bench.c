@@ -1,32 +1,20 @@
 /*
- * lookup_bench.c — lookups per second through the shardfs C API.
+ * lookup_bench.c — lookups per second through the shardfs C API
+ * (bench/bench_lookup.py builds and runs it).
  *
- *   lookup_bench SHARD KEYFILE THREADS REPS [--warm]
+ *   lookup_bench SHARD KEYFILE THREADS [--warm]
  *
- * KEYFILE holds raw 32-byte keys back to back, in the order they are looked
- * up (bench/lookup_bench.py writes them shuffled). Each of THREADS threads
- * takes a contiguous share of the list; for every key it calls sfs_lookup()
- * and copies the whole object with sfs_read() into its own buffer (lookup +
- * read, as a reader serving the bytes would). The shard is opened once,
- * before any timing; all threads share the one sfs_shard_t (no lock).
- *
- * --warm makes one untimed pass first (page cache hot). Then REPS timed
- * passes; a pass is timed from the moment all threads are released from a
- * barrier until the last one is done (wall clock, CLOCK_MONOTONIC).
- *
- * Output, one line of JSON on stdout:
- *   {"threads": T, "keys": N, "bytes": B, "seconds": [s1, ...],
- *    "best_lookups_per_second": R}
- * seconds: wall-clock seconds per pass; bytes: object bytes read per pass;
- * R: N / the shortest pass. Exit status 1 on any error (a key not found is
- * an error: the key file must come from the shard).
- *
- * Build: gcc -O2 -Ishardfs/c bench/c/lookup_bench.c shardfs/c/shard.c \
- *            shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c \
- *            -lcmph -lcrypto -lpthread
+ * KEYFILE holds raw 32-byte keys back to back, in lookup order. Each of
+ * THREADS threads takes a contiguous share; for every key it calls
+ * sfs_lookup() and copies the whole object with sfs_read() into its own
+ * buffer. The shard is opened once, before any timing; the threads share
+ * the one sfs_shard_t (no lock). --warm: one untimed pass first. Then one
+ * timed pass, from the moment all threads leave a barrier until the last
+ * one is done (CLOCK_MONOTONIC). Output, one line of JSON on stdout:
+ *   {"threads": T, "keys": N, "bytes": B, "seconds": S, "checksum": C}
+ * Exit status 1 on any error (a key not found is one).
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,50 +29,30 @@ typedef struct {
     const uint8_t *keys; /* this thread's share */
     size_t n;
     pthread_barrier_t *start;
-    uint64_t bytes;    /* object bytes copied */
-    uint64_t checksum; /* keeps the copies from being optimised away */
+    uint64_t bytes, checksum; /* the checksum keeps the copies from being optimised away */
     int failed;
 } worker_t;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void *work(void *arg)
 {
     worker_t *w = arg;
     size_t cap = 1 << 20;
     uint8_t *buf = malloc(cap);
-    w->bytes = 0;
-    w->failed = 0;
     pthread_barrier_wait(w->start);
-    if (!buf) {
-        w->failed = 1;
-        return NULL;
-    }
-    for (size_t i = 0; i < w->n; i++) {
-        const uint8_t *key = w->keys + i * SFS_KEY_SIZE;
+    for (size_t i = 0; buf && i < w->n; i++) {
         uint64_t off, size;
-        int rc = sfs_lookup(w->shard, key, &off, &size);
-        if (rc != SFS_OK) {
-            fprintf(stderr, "lookup_bench: key %zu: %s\n", i, sfs_strstatus(rc));
-            w->failed = 1;
-            break;
-        }
-        if (size > cap) {
-            free(buf);
+        int rc = sfs_lookup(w->shard, w->keys + i * SFS_KEY_SIZE, &off, &size);
+        if (rc == SFS_OK && size > cap) {
             while (cap < size)
                 cap *= 2;
-            if (!(buf = malloc(cap))) {
-                w->failed = 1;
-                return NULL;
-            }
+            free(buf);
+            if (!(buf = malloc(cap)))
+                break;
         }
-        if ((rc = sfs_read(w->shard, off, buf, size)) != SFS_OK) {
-            fprintf(stderr, "lookup_bench: read %zu: %s\n", i, sfs_strstatus(rc));
+        if (rc == SFS_OK)
+            rc = sfs_read(w->shard, off, buf, size);
+        if (rc != SFS_OK) {
+            fprintf(stderr, "lookup_bench: key %zu: %s\n", i, sfs_strstatus(rc));
             w->failed = 1;
             break;
         }
@@ -92,6 +60,7 @@ static void *work(void *arg)
         if (size)
             w->checksum += buf[0] + buf[size - 1];
     }
+    w->failed |= !buf;
     free(buf);
     return NULL;
 }
@@ -103,20 +72,19 @@ static double pass(const sfs_shard_t *shard, const uint8_t *keys, size_t n, int 
     pthread_t tid[threads];
     worker_t w[threads];
     pthread_barrier_t start;
+    struct timespec t0, t1;
     pthread_barrier_init(&start, NULL, threads + 1);
     for (int t = 0; t < threads; t++) {
         size_t lo = n * t / threads, hi = n * (t + 1) / threads;
         w[t] = (worker_t){shard, keys + lo * SFS_KEY_SIZE, hi - lo, &start, 0, 0, 0};
-        if (pthread_create(&tid[t], NULL, work, &w[t]) != 0) {
-            fprintf(stderr, "lookup_bench: pthread_create failed\n");
+        if (pthread_create(&tid[t], NULL, work, &w[t]) != 0)
             exit(1);
-        }
     }
     pthread_barrier_wait(&start);
-    double t0 = now();
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int t = 0; t < threads; t++)
         pthread_join(tid[t], NULL);
-    double dt = now() - t0;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_barrier_destroy(&start);
     *bytes = 0;
     for (int t = 0; t < threads; t++) {
@@ -125,64 +93,39 @@ static double pass(const sfs_shard_t *shard, const uint8_t *keys, size_t n, int 
         *bytes += w[t].bytes;
         *checksum += w[t].checksum;
     }
-    return dt;
+    return (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 5) {
-        fprintf(stderr, "usage: lookup_bench SHARD KEYFILE THREADS REPS [--warm]\n");
+    int threads = argc > 3 ? atoi(argv[3]) : 0;
+    if (threads < 1 || threads > 256) {
+        fprintf(stderr, "usage: lookup_bench SHARD KEYFILE THREADS(1..256) [--warm]\n");
         return 2;
     }
-    int threads = atoi(argv[3]), reps = atoi(argv[4]);
-    int warm = argc > 5 && strcmp(argv[5], "--warm") == 0;
-    if (threads < 1 || threads > 256 || reps < 1) {
-        fprintf(stderr, "lookup_bench: THREADS must be 1..256 and REPS >= 1\n");
-        return 2;
-    }
-
     FILE *f = fopen(argv[2], "rb");
-    if (!f) {
-        fprintf(stderr, "lookup_bench: %s: %s\n", argv[2], strerror(errno));
-        return 1;
-    }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (len <= 0 || len % SFS_KEY_SIZE) {
-        fprintf(stderr, "lookup_bench: %s: not a list of 32-byte keys\n", argv[2]);
-        return 1;
-    }
-    uint8_t *keys = malloc(len);
-    if (!keys || fread(keys, 1, len, f) != (size_t)len) {
-        fprintf(stderr, "lookup_bench: %s: cannot read\n", argv[2]);
+    long len = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    uint8_t *keys = len > 0 && len % SFS_KEY_SIZE == 0 ? malloc(len) : NULL;
+    if (!keys || fseek(f, 0, SEEK_SET) || fread(keys, 1, len, f) != (size_t)len) {
+        fprintf(stderr, "lookup_bench: %s: not a readable list of 32-byte keys\n", argv[2]);
         return 1;
     }
     fclose(f);
     size_t n = len / SFS_KEY_SIZE;
-
     sfs_shard_t *shard;
     sfs_error_t err;
     if (sfs_open(argv[1], 0, &shard, &err) != SFS_OK) {
         fprintf(stderr, "lookup_bench: %s\n", err.message);
         return 1;
     }
-
     uint64_t bytes = 0, checksum = 0;
-    if (warm && pass(shard, keys, n, threads, &bytes, &checksum) < 0)
+    if (argc > 4 && strcmp(argv[4], "--warm") == 0 && pass(shard, keys, n, threads, &bytes, &checksum) < 0)
         return 1;
-    double best = 0;
-    printf("{\"threads\": %d, \"keys\": %zu, \"seconds\": [", threads, n);
-    for (int r = 0; r < reps; r++) {
-        double dt = pass(shard, keys, n, threads, &bytes, &checksum);
-        if (dt < 0)
-            return 1;
-        if (r == 0 || dt < best)
-            best = dt;
-        printf("%s%.6f", r ? ", " : "", dt);
-    }
-    printf("], \"bytes\": %llu, \"best_lookups_per_second\": %.1f, \"checksum\": %llu}\n",
-           (unsigned long long)bytes, n / best, (unsigned long long)checksum);
+    double dt = pass(shard, keys, n, threads, &bytes, &checksum);
+    if (dt < 0)
+        return 1;
+    printf("{\"threads\": %d, \"keys\": %zu, \"bytes\": %llu, \"seconds\": %.6f, \"checksum\": %llu}\n",
+           threads, n, (unsigned long long)bytes, dt, (unsigned long long)checksum);
     sfs_close(shard);
     free(keys);
     return 0;

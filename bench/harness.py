@@ -75,12 +75,15 @@ def sh(cmd, timeout: float = 600, **kw) -> bytes:
     return p.stdout
 
 
-def compile_c(name: str, extra: Sequence[str] = ()) -> str:
-    """bench/c/NAME.c compiled (-O2) into bench/data/bin/NAME; its path."""
+def compile_c(name: str, extra: Sequence[str] = (), deps: Sequence[str] = ()) -> str:
+    """bench/c/NAME.c compiled (-O2) with `extra` (sources, flags) into
+    bench/data/bin/NAME, again whenever it or one of `deps` (more files it
+    depends on: headers, the core's sources) is newer; its path."""
     out = os.path.join(DATA, "bin", name)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     src = os.path.join(HERE, "c", name + ".c")
-    if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
+    newest = max(os.path.getmtime(f) for f in [src, *deps, *(e for e in extra if os.path.isfile(e))])
+    if not os.path.exists(out) or os.path.getmtime(out) < newest:
         sh(["gcc", "-O2", "-o", out, src, *extra, "-lpthread"])
     return out
 
@@ -95,6 +98,7 @@ SIZES = {                   # kind -> draw(rng) in bytes
     # lognormal, median 4 KiB, sigma 2: mostly small, a long tail (mean ~30 KB)
     "mix": lambda r: min(max(int(round(r.lognormvariate(math.log(4096), 2.0))), 1), MAX_OBJECT),
     "tiny": lambda r: r.randint(16, 256),
+    "medium": lambda r: 65536,
 }
 DATASET_VERSION = 2
 
@@ -191,7 +195,7 @@ class Dataset:
 
 
 def _space_check(path: str, kind: str, count: int, factor: float = 2.0) -> None:
-    mean = {"small": 2048, "large": MAX_OBJECT / 2, "mix": 30000, "tiny": 136}[kind]
+    mean = {"small": 2048, "large": MAX_OBJECT / 2, "mix": 30000, "tiny": 136, "medium": 65536}[kind]
     need = count * (factor * mean + 4096) + (64 << 20)
     probe = path
     while not os.path.exists(probe):
@@ -346,6 +350,14 @@ def serving_pids(path: str, names: Sequence[str] = ("shardfs.fuse.mount", "squas
         if path.encode() in args and any(n.encode() in a for a in args for n in names):
             out.append(int(pid))
     return out
+
+
+def device_reads(path: str) -> Tuple[int, int]:
+    """(read requests, bytes read) so far by the block device holding
+    `path` (/sys/dev/block/MAJ:MIN/stat, the partition's counters)."""
+    dev = os.stat(path).st_dev
+    f = open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read().split()
+    return int(f[0]), int(f[2]) * 512
 
 
 def cpu_seconds(pids: Iterable[int]) -> Tuple[float, float]:
@@ -731,8 +743,13 @@ class Results:
         return line
 
     def table(self, header: Sequence[str], rows: Iterable[Sequence], caption: str = "") -> None:
+        rows = [list(r) for r in rows]
+        numeric = [all(isinstance(r[i], (int, float)) or str(r[i]) == "—" or str(r[i]).rstrip("×%")
+                       .replace(",", "").replace(".", "").lstrip("-").isdigit() for r in rows)
+                   for i in range(len(header))]
         lines = ([caption, ""] if caption else []) + ["| " + " | ".join(header) + " |",
-                                                      "|---" + "|---:" * (len(header) - 1) + "|"]
+                                                      "|" + "|".join("---:" if n and i else "---" for i, n in
+                                                                     enumerate(numeric)) + "|"]
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
         self.sections.append("\n".join(lines))
 

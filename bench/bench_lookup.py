@@ -52,7 +52,6 @@ try:
 except ImportError:
     SwhShard = None
 
-MEDIUM = 65536
 PLAN = {  # kind -> (objects, hot pass lookups, cold sample), quick then full
     "small": ((20_000, 100_000, 1_000), (200_000, 1_000_000, 5_000)),
     "medium": ((1_000, 10_000, 200), (8_000, 50_000, 1_000)),
@@ -68,47 +67,11 @@ GOALS = (("Python API lookup+read ≥ 2× swh-shard (1 thread)", "Shard 1t", "sw
 WORK = "/tmp/bench-lookup"
 
 
-def shard_dataset(kind: str, count: int) -> H.Dataset:
-    """harness.dataset(kind, count, native=False); "medium" (64 KiB objects,
-    not a harness kind) is built here first, in the harness's cache layout."""
-    path = os.path.join(H.DATA, f"{kind}-n{count}-s1-shard")
-    meta = os.path.join(path, "dataset.json")
-    if kind == "medium" and not (os.path.exists(meta) and json.load(open(meta)).get("version") == H.DATASET_VERSION):
-        H.SIZES.setdefault("medium", lambda r: MEDIUM)
-        os.makedirs(path, exist_ok=True)
-        with shardfs.ShardWriter(os.path.join(path, "objects.shard")) as w, \
-                open(os.path.join(path, "objects.tsv"), "w") as tsv:
-            for key, data in H.objects(count, "medium"):
-                w.add(key, data)
-                tsv.write(f"{key.hex()}\t{len(data)}\n")
-        os.sync()
-        with open(meta, "w") as f:
-            json.dump({"version": H.DATASET_VERSION, "kind": kind, "count": count, "seed": 1,
-                       "bytes": count * MEDIUM}, f)
-    return H.dataset(kind, count, native=False)
-
-
 def lookup_bench() -> str:
-    """bench/c/lookup_bench.c built against the C core (rebuilt when any
-    source is newer than the binary: harness.compile_c checks only its own)."""
+    """bench/c/lookup_bench.c built against the C core (again when it changes)."""
     core = os.path.join(H.ROOT, "shardfs", "c")
-    exe = os.path.join(H.DATA, "bin", "lookup_bench")
     sources = [os.path.join(core, "shard.c"), os.path.join(core, "chd.c")]
-    deps = sources + glob.glob(os.path.join(core, "*.h"))
-    if os.path.exists(exe) and os.path.getmtime(exe) < max(map(os.path.getmtime, deps)):
-        os.unlink(exe)
-    return H.compile_c("lookup_bench", ["-std=gnu11", "-I" + core, *sources])
-
-
-def device_reads(path: str):
-    """(read requests, bytes) so far on the block device holding `path`
-    (/sys/dev/block/MAJ:MIN/stat), or None."""
-    st = os.stat(path)
-    try:
-        f = open(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat").read().split()
-    except OSError:
-        return None
-    return int(f[0]), int(f[2]) * 512
+    return H.compile_c("lookup_bench", ["-std=gnu11", "-I" + core, *sources], glob.glob(os.path.join(core, "*.h")))
 
 
 def python_pass(iface: str, path: str, keys: list, threads: int, batch: int, warm: bool) -> float:
@@ -165,7 +128,7 @@ def main() -> None:
         count, hot_n, cold_n = plans[0 if args.quick else 1]
         if not any(chosen(i, kind, c) for i in IFACES for c in CACHES):
             continue
-        ds = shard_dataset(kind, count)
+        ds = H.dataset(kind, count, native=False)
         keys = [bytes.fromhex(k) for k in ds.keys]
         size = dict(zip(keys, ds.sizes))
         hot = [k for _ in range(-(-hot_n // count)) for k in rng.sample(keys, count)][:hot_n]
@@ -183,15 +146,15 @@ def main() -> None:
         shard, (keys, keyfile, nbytes) = sets[kind].shard, runs_of[kind, cache]
         if cache == "cold":
             H.drop_caches()
-        before = device_reads(shard)
+        before = H.device_reads(shard)
         if iface == "C":
             cmd = [lookup_bench(), shard, keyfile, str(threads)] + ["--warm"] * (cache == "hot")
             seconds = json.loads(H.sh(cmd))["seconds"]
         else:
             seconds = python_pass(iface, shard, keys, threads, args.batch, cache == "hot")
-        after = device_reads(shard)
+        after = H.device_reads(shard)
         out = {"value": len(keys) / seconds, "seconds": seconds, "lookups": len(keys), "bytes": nbytes}
-        if cache == "cold" and before and after:
+        if cache == "cold":
             out.update(device_reads=(after[0] - before[0]) / len(keys),
                        device_kib=(after[1] - before[1]) / 1024 / len(keys))
         return out

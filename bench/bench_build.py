@@ -3,15 +3,15 @@ hash, and `shardfs create` of a tree, against tar, mksquashfs and swh-shard.
 
 Measures (every figure the median of interleaved rounds, order rotated):
 
-- **write N** (N objects of 1..4096 B, `harness.objects(N, "small")`, held
-  in memory): wall seconds of `ShardWriter` from open to `close()` (perfect
-  hash, index, fdatasync, rename), with the split of `close()` from
-  `build_stats` (hash_seconds = the CHD build, check_seconds = every key
-  against cmph, index, sync, the adds as the rest) and the writer's peak RSS
-  above its start (MiB, /proc/self/clear_refs); swh's `ShardCreator` (peer
-  `swh.shard`, not measured when missing) on the same objects; `cp` of the
-  shard (same disk): warm (source read just before), cold (`drop_caches`
-  first), warm + fsync of the copy. Seconds.
+- **write KIND N** (N objects held in memory, `harness.objects(N, KIND)`:
+  "small" 1..4096 B, "tiny" 16..256 B): wall seconds of `ShardWriter` from
+  open to `close()` (perfect hash, index, fdatasync, rename), the split of
+  `close()` from `build_stats` (hash_seconds = the CHD build, check_seconds
+  = every key against cmph, index, sync, the adds as the rest) and the
+  writer's peak RSS above its start (MiB, /proc/self/clear_refs); swh's
+  `ShardCreator` (peer `swh.shard`, not measured when missing) on the same
+  objects; `cp` of the shard (same disk): warm (source read just before),
+  cold (`drop_caches` first), warm + fsync of the copy. Seconds.
 - **hash N** (N keys with empty objects): the perfect-hash build in ns/key,
   ours against cmph's (`SHARDFS_CHD_BUILDER=cmph`), `build_stats` of
   `ShardWriter.close()`; also check ns/key, close() s, slots, hash section
@@ -19,21 +19,21 @@ Measures (every figure the median of interleaved rounds, order rotated):
 - **create N** (the N plain files of `harness.dataset("small", N)`, Software
   Heritage's ab/cd/KEY layout, read once before each run so the page cache
   is warm; the device's reads during the run show it): wall, CPU s, peak
-  RSS (GNU time) and output MB of `shardfs create
-  OUT TREE`, `shardfs create --files-from LIST -0`, `tar -cf`, `mksquashfs
-  -comp lz4`, `swh-shard create` (peer), `shardfs --version` (start-up), and
-  with `--before REV` that commit's `shardfs/cli.py`. Outputs on the same disk.
+  RSS (GNU time) and output MB of `shardfs create OUT TREE`, `shardfs
+  create --files-from LIST -0`, `tar -cf`, `mksquashfs -comp lz4`,
+  `swh-shard create` (peer), `shardfs --version` (start-up), and with
+  `--before REV` that commit's `shardfs/cli.py`. Outputs on the same disk.
 
-Sets: `--quick` write 10k and 100k, hash 100k and 1M, create 20k files (1
-round); full: write 10k, 100k and 1M, hash 100k and 1M, create 100k files (3
-rounds). 10M objects (the old full set) are not run: 20 GB of shard and
-copies, and a quarter of an hour alone.
+Sets: `--quick` write small 10k and 100k and tiny 1M, hash 100k and 1M,
+create 20k files (1 round); full: write small 10k, 100k and 1M and tiny 1M,
+hash 100k and 1M, create 100k files (3 rounds). 10M objects or keys (the old
+full sets) are not run: 20 GB of shard and copies, a quarter of an hour.
 
-Goals: ShardWriter ≤ 1.5× cold cp of its shard at every count; perfect hash
-≤ 10% of cold cp at every count; linear growth (log-log slope over counts:
-ShardWriter ≤ 1.1, perfect hash ≤ 1.15); our perfect-hash build ≤ 100
-ns/key at 1M keys, and with the check; `shardfs create` ≤ 1.2× `tar -cf`
-and ≤ 0.8× `mksquashfs -comp lz4`.
+Goals: ShardWriter ≤ 1.5× cold cp of its shard at every point; perfect hash
+≤ 10% of cold cp at every point; linear growth (log-log slope over counts:
+ShardWriter over the small ones ≤ 1.1, perfect hash ≤ 1.15); our
+perfect-hash build ≤ 100 ns/key at 1M keys, and with the check; `shardfs
+create` ≤ 1.2× `tar -cf` and ≤ 0.8× `mksquashfs -comp lz4`.
 """
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ from harness import (DATA, ROOT, VENV, Results, Skip, dataset, device_reads, dro
 import shardfs  # noqa: E402
 
 SCRATCH = os.path.join(DATA, "build-scratch")
+SIZES = {"small": "1..4096 B", "tiny": "16..256 B"}  # harness.objects kinds
 WRITERS = ["ShardWriter", "swh ShardCreator", "cp warm", "cp cold", "cp+fsync"]
 SPLIT = ["hash_seconds", "check_seconds", "index_seconds", "sync_seconds"]
 
@@ -99,10 +100,10 @@ def rm(path: str) -> None:
 # ------------------------------------------------------------------ write N
 
 
-def measure_write(res: Results, n: int, nrounds: int) -> None:
-    m = f"write {n}"
+def measure_write(res: Results, kind: str, n: int, nrounds: int) -> None:
+    m = f"write {kind} {n}"
     log(f"{m}: generating {n:,} objects")
-    keys, datas = map(list, zip(*objects(n, "small")))
+    keys, datas = map(list, zip(*objects(n, kind)))
     ref, out, copy = (os.path.join(SCRATCH, f) for f in ("ref.shard", "out.shard", "copy.shard"))
     with shardfs.ShardWriter(ref) as w:  # the file the copies copy (untimed)
         for k, d in zip(keys, datas):
@@ -166,52 +167,59 @@ def measure_write(res: Results, n: int, nrounds: int) -> None:
     res.add(m, "shard bytes", size)
 
 
-def report_write(res: Results, counts) -> None:
+def report_write(res: Results, points) -> None:
     rows, split = [], []
-    for n in counts:
-        m, v = f"write {n}", (lambda t, key="value": res.value(f"write {n}", t, key))
+    for kind, n in points:
+        m = f"write {kind} {n}"
+
+        def v(t, key="value"):
+            return res.value(m, t, key)
         cold = v("cp cold")
 
         def x(t, pct=False):
             r = res.ratio_of_rounds(m, t, "cp cold")
             return fmt(v(t), 3) + (f" ({fmt(100 * r, 1)}%)" if pct and r else f" ({fmt(r, 2)}×)" if r else "")
-        rows.append([f"{n:,}", fmt((v("shard bytes") or 0) / 1e6, 1), fmt(v("cp warm"), 3), fmt(cold, 3),
+        rows.append([f"{n:,}", SIZES[kind], fmt((v("shard bytes") or 0) / 1e6, 1), fmt(v("cp warm"), 3), fmt(cold, 3),
                      fmt(v("cp+fsync"), 3), x("ShardWriter"), x("perfect hash", True), x("swh ShardCreator"),
                      f"{fmt(v('ShardWriter', 'peak_mib'), 1)} / {fmt(v('swh ShardCreator', 'peak_mib'), 1)}"])
         parts = [v("ShardWriter", k) for k in SPLIT]
         rest = v("ShardWriter") - sum(parts) if None not in parts and v("ShardWriter") else None
-        split.append([f"{n:,}", *(fmt(p, 4) for p in parts), fmt(rest, 4), fmt(v("ShardWriter", "slots")),
-                      fmt(parts[0] and parts[0] / n * 1e9), fmt(v("ShardWriter", "bytes_per_object"), 1)])
-    res.table(["objects", "shard MB", "cp warm s", "cp cold s", "cp+fsync s", "ShardWriter s (× cold cp)",
+        split.append([f"{n:,} ({SIZES[kind]})", *(fmt(p, 4) for p in parts), fmt(rest, 4),
+                      fmt(v("ShardWriter", "slots")), fmt(parts[0] and parts[0] / n * 1e9),
+                      fmt(v("ShardWriter", "bytes_per_object"), 1)])
+    res.table(["objects", "sizes", "shard MB", "cp warm s", "cp cold s", "cp+fsync s", "ShardWriter s (× cold cp)",
                "perfect hash s (% of cold cp)", "swh ShardCreator s (× cold cp)", "peak RSS MiB: ShardWriter / swh"],
-              rows, "**write N**: N objects of 1..4096 B from memory, seconds (median; ratios: median of each "
+              rows, "**write N**: N objects from memory, seconds (median; ratios: median of each "
                     "round's ratio to the cold cp of the shard).")
     res.table(["objects", "perfect hash s", "check against cmph s", "index + hash write s",
                "header, fdatasync, rename s", "adds (the rest) s", "slots", "hash ns/key", "writer peak B/object"],
               split, "Where ShardWriter's time goes (`build_stats` of `close()`, medians).")
 
     def goal(text, t, threshold, unit):
-        rs = [(n, res.ratio_of_rounds(f"write {n}", t, "cp cold")) for n in counts]
+        rs = [(f"{n:,} {kind}", res.ratio_of_rounds(f"write {kind} {n}", t, "cp cold")) for kind, n in points]
         worst = max((r for _, r in rs if r is not None), default=None)
         res.goal(text, None if None in [r for _, r in rs] else worst, "<=", threshold,
-                 ", ".join(f"{fmt(r and r * (100 if unit == '%' else 1), 2)}{unit} at {n:,}" for n, r in rs))
-    goal("ShardWriter ≤ 1.5× cold cp of its shard, at every count", "ShardWriter", 1.5, "×")
-    goal("perfect hash ≤ 10% of cold cp, at every count", "perfect hash", 0.10, "%")
-    for t, limit in (("ShardWriter", 1.1), ("perfect hash", 1.15)):
-        s = loglog_slope(counts, [res.value(f"write {n}", t) for n in counts])
-        per = ", ".join(f"{fmt((res.value(f'write {n}', t) or 0) / n * 1e9)} ns at {n:,}" for n in counts)
+                 ", ".join(f"{fmt(r and r * (100 if unit == '%' else 1), 2)}{unit} at {at}" for at, r in rs))
+    goal("ShardWriter ≤ 1.5× cold cp of its shard, at every point", "ShardWriter", 1.5, "×")
+    goal("perfect hash ≤ 10% of cold cp, at every point", "perfect hash", 0.10, "%")
+    # ShardWriter over the counts of one size distribution; the hash over all (it depends on keys only)
+    for t, limit, pts in (("ShardWriter", 1.1, [p for p in points if p[0] == "small"]), ("perfect hash", 1.15, points)):
+        s = loglog_slope([n for _, n in pts], [res.value(f"write {k} {n}", t) for k, n in pts])
+        per = ", ".join(f"{fmt((res.value(f'write {k} {n}', t) or 0) / n * 1e9)} ns at {n:,} {k}" for k, n in pts)
         res.goal(f"linear growth: {t} time, log-log slope over counts ≤ {limit}", s, "<=", limit,
                  f"{fmt(s, 2)} (per object: {per})")
 
     def draw(ax):
-        for t, style in (("ShardWriter", "o-"), ("swh ShardCreator", "s-"), ("cp cold", "x--"),
-                         ("cp warm", "+:"), ("cp+fsync", "v:"), ("perfect hash", "d-")):
-            pts = [(n, res.value(f"write {n}", t)) for n in counts if res.value(f"write {n}", t)]
-            if pts:
-                ax.plot(*zip(*pts), style, label=t)
-        ax.set(xscale="log", yscale="log", xlabel="objects (1..4096 B)", ylabel="seconds (median)",
-               title="Writing a shard against copying it")
-        ax.legend(fontsize=8)
+        for i, (t, style) in enumerate((("ShardWriter", "o-"), ("swh ShardCreator", "s-"), ("cp cold", "x--"),
+                                        ("cp warm", "+:"), ("cp+fsync", "v:"), ("perfect hash", "d-"))):
+            for kind in SIZES:
+                pts = [(n, res.value(f"write {k} {n}", t)) for k, n in points if k == kind]
+                if any(y for _, y in pts):
+                    ax.plot(*zip(*pts), style, color=f"C{i}", label=t if kind == "small" else None,
+                            markerfacecolor="none" if kind == "tiny" else f"C{i}")
+        ax.set(xscale="log", yscale="log", xlabel="objects", ylabel="seconds (median)",
+               title="Writing a shard against copying it (filled: 1..4096 B; hollow: 16..256 B)")
+        ax.legend(fontsize=7)
     res.plot("time", draw)
 
 
@@ -344,7 +352,8 @@ def main() -> None:
     args = main_args(__doc__.split("\n\n")[0], extra=lambda p: p.add_argument(
         "--before", default="", metavar="REV", help="also time the shardfs create of commit REV"))
     quick = args.quick
-    sets = {"write": [10_000, 100_000] + ([] if quick else [1_000_000]), "hash": [100_000, 1_000_000],
+    sets = {"write": [("small", 10_000), ("small", 100_000)] + ([] if quick else [("small", 1_000_000)])
+            + [("tiny", 1_000_000)], "hash": [100_000, 1_000_000],
             "create": [20_000 if quick else 100_000]}
     res = Results("build", "Build: writing a shard, its perfect hash, shardfs create", quick,
                   sys.argv[1:])
@@ -352,8 +361,8 @@ def main() -> None:
     want = lambda name: not args.only or name in args.only  # noqa: E731
     try:
         if want("write"):
-            for n in sets["write"]:
-                measure_write(res, n, args.rounds)
+            for kind, n in sets["write"]:
+                measure_write(res, kind, n, args.rounds)
             report_write(res, sets["write"])
         if want("hash"):
             for n in sets["hash"]:

@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 APT_PACKAGES := libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
-	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools erofs-utils \
+	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools erofs-utils time \
 	postgresql libpq-dev libsystemd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
@@ -21,7 +21,7 @@ PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_mod
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
 	shardfs/c/gindex.h shardfs/c/ll_names.h
 
-.PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full bench-winery clean \
+.PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
 	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
 
 all: venv
@@ -90,78 +90,24 @@ test-quick: test-c test-py
 demo: venv
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
-# Benchmarks: figures and plots under bench/results/, summed up in
-# bench/results/README.md. `make bench` takes under 5 minutes; bench-full
-# builds datasets up to millions of objects (check bench/*.py --help).
-BENCH_RUN = mkdir -p bench/results && \
-	$(PIP) install -q -e '.[test,bench]' && \
-	set -o pipefail && \
-	$(PY) bench/build_bench.py $(1) | tee bench/results/build.log && \
-	$(PY) bench/lookup_bench.py $(1) | tee bench/results/lookup.log && \
-	$(PY) bench/fio_bench.py $(1) | tee bench/results/fio.log && \
-	{ grep -h -E "PASS|MISS" bench/results/build.log bench/results/lookup.log bench/results/fio.log > bench/results/goals.txt || true; } && \
-	$(PY) bench/report.py
-
-bench: venv
-	$(call BENCH_RUN,--quick)
-
-bench-full: venv
-	$(call BENCH_RUN,--full)
-
-# Workers: shardfs mounts with 1, 2, 4, 8 workers against squashfuse_ll on
-# the same 20,000 objects (bench/workers_bench.py; ARGS=--quick for ~1.5 min).
-.PHONY: bench-workers
-bench-workers: venv
-	mkdir -p bench/results && set -o pipefail && \
-	$(PIP) install -q -e '.[test,bench]' && \
-	$(PY) bench/workers_bench.py $(ARGS) | tee bench/results/workers.log
-
-# Create: `shardfs create` of 50,000 files of 1 B-4 KiB against tar -cf,
-# mksquashfs -comp lz4 and swh-shard create, alternated, best of 3
-# (bench/create_bench.py; the tree is kept in bench/data/create; ARGS=--before REV
-# also times the create of commit REV).
-.PHONY: bench-create
-bench-create: venv
-	mkdir -p bench/results && set -o pipefail && \
-	$(PIP) install -q -e '.[test,bench]' && \
-	$(PY) bench/create_bench.py $(ARGS) | tee bench/results/create.log
-
-# Scale: 1,000 shards vs 1, mount start time, daemon memory (bench/scale_bench.py;
-# ARGS=--quick for about 3 minutes, default 10M objects).
-.PHONY: bench-scale
-bench-scale: venv
-	mkdir -p bench/results && set -o pipefail && \
-	$(PY) bench/scale_bench.py $(ARGS) | tee bench/results/scale.log
-
-# Global index: the same 1,000,000 objects as 1, 1,000 and 10,000 shards, found
-# through the global index and through per-shard filters only, in Python and
-# through a mount; mount start time, index size (bench/index_bench.py;
-# ARGS=--quick for about a minute, ARGS=--full adds 100,000 shards of 10 objects).
-.PHONY: bench-index
-bench-index: venv
-	mkdir -p bench/results && set -o pipefail && \
-	$(PY) bench/index_bench.py $(ARGS) --json bench/results/index.json --md bench/results/index.md \
-	  | tee bench/results/index.log
-
-# Request path: shardfs now (C, no-open mode) against shardfs 2fc8a92 (pyfuse3;
-# built in /work/before), plain files, erofs and squashfuse_ll, same 20,000 objects
-# (bench/request_bench.py; as root; ARGS=--quick for 5,000 objects).
-.PHONY: bench-request
-bench-request: venv
-	mkdir -p bench/results && set -o pipefail && \
-	{ $(PY) -c 'import matplotlib' 2>/dev/null || $(PIP) install -q 'matplotlib>=3.5'; } && \
-	$(PY) bench/request_bench.py $(ARGS) 2>&1 | tee bench/results/request.log
-
-# Winery: random object reads on one winery deployment, winery's own reader
-# against shardfs's WineryStore and a shardfs mount (bench/winery_bench.py).
-bench-winery: venv
-	$(PY) bench/winery_bench.py --json bench/results/winery.json --md bench/results/winery.md
-
-# Objects only in a winery database: libpq from C against psycopg from
-# Python (the request path's choice), WineryStore.get and the mount.
-.PHONY: bench-winery-query
-bench-winery-query: venv
-	mkdir -p bench/results && $(PY) bench/winery_query.py $(ARGS)
+# Benchmarks: bench/bench_NAME.py on the shared harness (bench/harness.py),
+# each writing bench/results/NAME.md and .json (every run) and plots, then
+# bench/results/README.md with every goal line. `make bench`: the quick set
+# (small datasets, one round; about 10 minutes); `make bench-full`: the full
+# set that the committed results come from (about an hour). One benchmark:
+# `make bench-full BENCHES=mount`, with its own options in ARGS (see
+# `bench/bench_NAME.py --help`; e.g. ARGS=--before-venv=DIR for mount).
+BENCHES ?= build lookup mount shards winery
+bench bench-full: venv
+	$(PIP) install -q -e '.[test,bench]'
+	mkdir -p bench/results
+	@failed=""; for b in $(BENCHES); do \
+	  echo "== bench/bench_$$b.py"; \
+	  $(PY) bench/bench_$$b.py $(if $(filter bench,$@),--quick) $(ARGS) 2>&1 | tee bench/results/$$b.log; \
+	  [ "$${PIPESTATUS[0]}" = 0 ] || failed="$$failed $$b"; \
+	done; \
+	$(PY) -c 'import sys; sys.path.insert(0, "bench"); import harness; harness.report()'; \
+	if [ -n "$$failed" ]; then echo "benchmarks that failed:$$failed (see bench/results/NAME.log)"; exit 1; fi
 
 # ---------------------------------------------------------------- sanitizers
 # test-asan: the C tests and the fuzz regressions and seeds built with gcc's

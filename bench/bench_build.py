@@ -42,7 +42,7 @@ import math
 import os
 import shutil
 import sys
-import tempfile
+import statistics
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,27 +69,10 @@ def peak_above(fn):
     return out, memory(os.getpid())["VmHWM"] - base
 
 
-def timed_peak(cmd, stdin: str = "") -> dict:
-    """harness.timed(cmd), its peak RSS from GNU time (harness.timed's
-    ru_maxrss starts at this process's RSS, inherited over fork and exec);
-    `stdin`: a file fed to it (through sh)."""
-    if stdin:
-        cmd = ["sh", "-c", 'f=$1; shift; exec "$@" < "$f"', "sh", stdin, *cmd]
-    if not os.access("/usr/bin/time", os.X_OK):
-        return {**timed(cmd), "peak_mib": None}
-    with tempfile.NamedTemporaryFile("r", dir=SCRATCH) as out:
-        r = timed(["/usr/bin/time", "-o", out.name, "-f", "%M", *cmd])
-        r["peak_mib"] = int(out.read().split()[-1]) / 1024
-    return r
-
-
 def loglog_slope(xs, ys):
     """Least-squares slope of log y against log x (1 = linear); None under 2 points."""
     pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if y]
-    if len(pts) < 2:
-        return None
-    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
-    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return statistics.linear_regression(*zip(*pts)).slope if len(pts) >= 2 else None
 
 
 def rm(path: str) -> None:
@@ -325,7 +308,7 @@ def measure_create(res: Results, n: int, nrounds: int, before: str) -> None:
             with open(p, "rb") as f:
                 f.read()
         read0 = device_reads(tree)[1]
-        r = timed_peak(cmds[name], lists["\n"] if name.startswith("swh") else "")
+        r = timed(cmds[name], stdin=lists["\n"] if name.startswith("swh") else "")
         read_mb = (device_reads(tree)[1] - read0) / 1e6
         out_mb = os.path.getsize(o) / 1e6 if os.path.exists(o) else 0
         rm(o)

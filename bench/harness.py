@@ -383,25 +383,32 @@ def memory(pid: int) -> Dict[str, float]:
     return out
 
 
-def timed(cmd: Sequence[str], timeout: float = 3600, **kw) -> Dict[str, float]:
-    """Run `cmd` to its end: wall seconds, user and system CPU seconds and
-    peak RSS in MiB of it and its children (os.wait4). RuntimeError on a
+def timed(cmd: Sequence[str], timeout: float = 3600, stdin: str = "", **kw) -> Dict[str, float]:
+    """Run `cmd` to its end (`stdin`: a file fed to it): wall seconds, user
+    and system CPU seconds of it and its children (os.wait4), peak RSS in
+    MiB from GNU time (wait4's ru_maxrss would start at this process's RSS,
+    inherited over fork; None without /usr/bin/time). RuntimeError on a
     non-zero exit."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
-    timer = threading.Timer(timeout, p.kill)
-    timer.start()
-    try:
-        _, status, ru = os.wait4(p.pid, 0)
-    finally:
-        timer.cancel()
-    wall = time.monotonic() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    err = p.stderr.read().decode(errors="replace")
-    p.stderr.close()
-    if p.returncode:
-        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {p.returncode}: {err.strip()[-400:]}")
-    return {"seconds": wall, "user": ru.ru_utime, "system": ru.ru_stime, "peak_mib": ru.ru_maxrss / 1024}
+    import tempfile
+    with tempfile.NamedTemporaryFile("r") as peak, open(stdin or os.devnull, "rb") as fin:
+        gnu_time = ["/usr/bin/time", "-o", peak.name, "-f", "%M"] if os.access("/usr/bin/time", os.X_OK) else []
+        t0 = time.monotonic()
+        p = subprocess.Popen([*gnu_time, *cmd], stdin=fin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+        timer = threading.Timer(timeout, p.kill)
+        timer.start()
+        try:
+            _, status, ru = os.wait4(p.pid, 0)
+        finally:
+            timer.cancel()
+        wall = time.monotonic() - t0
+        err = p.stderr.read().decode(errors="replace")
+        p.stderr.close()
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode:
+            raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {p.returncode}: {err.strip()[-400:]}")
+        out = peak.read().split()
+    return {"seconds": wall, "user": ru.ru_utime, "system": ru.ru_stime,
+            "peak_mib": int(out[-1]) / 1024 if gnu_time and out else None}
 
 
 # ------------------------------------------------------------------ targets

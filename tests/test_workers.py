@@ -612,7 +612,7 @@ def test_reads_in_listing_order_are_pushed_ahead(mounter, tmp_path):
     a shard this small, runs of reads fall in order by chance and are
     pushed ahead too). One worker, so that every read is seen by the
     process that follows the streams (with several, each follows the reads
-    it serves; bench/results/request.md measures that). A sparse reader in order (every 20th object) is not
+    it serves; bench/results/mount.md measures that). A sparse reader in order (every 20th object) is not
     pushed objects it does not read (every 40th object)."""
     rng = random.Random(61)
     sizes = [rng.randint(1, 9000) for _ in range(600)] + [0, 200_000, 4096, 131072, 131073]

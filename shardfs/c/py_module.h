@@ -1,6 +1,6 @@
 /*
  * py_module.h — what the files of the Python extension share (not part of
- * the C core: bench/lookup_bench.py leaves module.c and py_*.c out).
+ * the C core: bench/bench_lookup.py builds its C reader from shard.c and chd.c).
  *
  * module.c holds the module (its functions' table, PyInit__shardfs, the
  * exported constants, the exception objects) and the helpers below that

@@ -548,7 +548,7 @@ const uint8_t *sfs_data(const sfs_shard_t *s, uint64_t offset, uint64_t length)
  * cached, and a cold page fault reads one 4 KiB page (MADV_RANDOM). Longer
  * ranges are read with pread(), which asks the device for the whole range
  * at once instead of one page per fault: a cold 64 KiB object costs about 2
- * device reads instead of 17 (bench/lookup_bench.py). */
+ * device reads instead of 17 (bench/bench_lookup.py, medium cold). */
 #define MMAP_COPY_MAX (16 * 1024)
 
 int sfs_read(const sfs_shard_t *s, uint64_t offset, void *dst, size_t length)

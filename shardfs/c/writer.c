@@ -924,7 +924,7 @@ static int build_ours(sfs_writer_t *w, hash_t *hs, char *why, size_t why_size, s
     return SFS_OK;
 }
 
-/* cmph's builder instead of ours (bench/hash_bench.py's A/B, and a way out
+/* cmph's builder instead of ours (bench/bench_build.py times both, and a way out
  * should ours ever misbehave): SHARDFS_CHD_BUILDER=cmph. */
 static int want_cmph_builder(void)
 {

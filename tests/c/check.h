@@ -1,5 +1,5 @@
 /*
- * check.h — the tiny harness shared by the C tests (and bench/c): a CHECK
+ * check.h — the tiny harness shared by the C tests: a CHECK
  * macro that counts passes and failures (REQUIRE: the same, then stop the
  * test), a deterministic xorshift random
  * generator for keys, and paths inside the test's temporary directory.

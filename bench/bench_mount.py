@@ -123,20 +123,9 @@ MEASURES = [  # key, label, unit, target groups, run(bench, target)
 LABEL = {m[0]: f"{m[1]}, {m[2]}".replace("|", "\\|") for m in MEASURES}  # Markdown cells
 
 
-def umount_cmd(t):
-    """The command Target.umount() runs first (for fio's cold reset)."""
-    return {"shardfs": [os.path.join(t.venv, "bin", "shardfs"), "umount", t.path],
-            "erofs": ["umount", t.path]}.get(t.kind, ["fusermount3", "-u", t.path])
-
-
 def shuffled(ds):
     """The keys of `ds` in a seeded random order."""
     return random.Random("bench-mount").sample(ds.keys, ds.count)
-
-
-def shares(names, n):
-    """`names` cut into `n` contiguous shares."""
-    return [names[len(names) * i // n:len(names) * (i + 1) // n] for i in range(n)]
 
 
 def fio_job(path, sections, **common):
@@ -296,7 +285,7 @@ class Bench:
             script = [f"exec 9>{lat}/reset.lock", "flock 9", f"[ -e {done} ] && exit 0"]
             for t in cold:
                 if t.fuse:  # 9>&-: the server must not hold the lock; nor fio's pipes
-                    script += [f"{shlex.join(umount_cmd(t))} 9>&- || exit 1",
+                    script += [f"{shlex.join(t.umount_cmd())} 9>&- || exit 1",
                                f"{shlex.join(t.mount_cmd())} </dev/null >/dev/null 2>&1 9>&- || exit 1"]
             with open(os.path.join(lat, "reset.sh"), "w") as f:
                 f.write("\n".join(script + ["sync", "echo 3 > /proc/sys/vm/drop_caches || exit 1",
@@ -352,7 +341,7 @@ class Bench:
         """fio whole objects, cold, `jobs` jobs on disjoint shares."""
         t.fresh()  # fio's setup stats every file: mounted
         run, first, dev = self.fio([(f"objects.{i}", {**OBJECTS, "directory": t.path}, s)
-                                    for i, s in enumerate(shares(shuffled(ds), jobs))], cold=[t], runtime=1800)
+                                    for i, s in enumerate(h.shares(shuffled(ds), jobs))], cold=[t], runtime=1800)
         read = run[0]["read"]
         if (len(first), read["io_bytes"]) != (ds.count, ds.total_bytes):
             raise RuntimeError(f"fio read {len(first)} objects, {read['io_bytes']:,} bytes")
@@ -389,7 +378,7 @@ class Bench:
             h.read_files(small.path, self.names, 1, "c")
             h.read_files(t.path, self.large.keys, 1, "c")
         sections = [(f"objects.{i}", {**OBJECTS, "directory": small.path, "time_based": int(not cold)}, s)
-                    for i, s in enumerate(shares(self.names, 4))]
+                    for i, s in enumerate(h.shares(self.names, 4))]
         sections.append(("stream", {"new_group": None, "directory": t.path, "rw": "read", "bs": "1m",
                                     "file_service_type": "sequential", "openfiles": 1, "numjobs": 2,
                                     "size": "50%", "offset_increment": "50%", "time_based": 1}, self.large.keys))

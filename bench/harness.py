@@ -455,13 +455,15 @@ class Target:
         if self.kind != "plain" and not mounted(self.path):
             sh(self.mount_cmd(), timeout=600)
 
+    def umount_cmd(self) -> List[str]:
+        return {"shardfs": [os.path.join(self.venv, "bin", "shardfs"), "umount", self.path],
+                "erofs": ["umount", self.path]}.get(self.kind, ["fusermount3", "-u", self.path])
+
     def umount(self) -> None:
         if self.kind == "plain" or not mounted(self.path):
             return
-        cmd = {"shardfs": [os.path.join(self.venv, "bin", "shardfs"), "umount", self.path],
-               "erofs": ["umount", self.path]}.get(self.kind, ["fusermount3", "-u", self.path])
         try:
-            sh(cmd, timeout=60)
+            sh(self.umount_cmd(), timeout=60)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             log(f"{self.label}: {exc}; aborting the connection, lazy unmount")
             abort_fuse(self.path)
@@ -570,9 +572,12 @@ def read_files(root: str, names: Sequence[str], procs: int = 1, mode: str = "pyt
     "raw" (buffering=0), "c" (bench/c/open_read.c, `procs` threads).
     Processes are started and their lists loaded, then `before()` runs
     (make the target cold), then all go. {"seconds", "bytes", "objects"}."""
-    work = os.path.join(DATA, "lists")
-    os.makedirs(work, exist_ok=True)
-    chunks = [names[len(names) * i // procs:len(names) * (i + 1) // procs] for i in range(procs)]
+    import tempfile
+    with tempfile.TemporaryDirectory(dir=DATA) as work:
+        return _read_files(work, root, names, procs, mode, before, timeout)
+
+
+def _read_files(work, root, names, procs, mode, before, timeout):
     if mode == "c":
         listfile = os.path.join(work, "all")
         with open(listfile, "w") as f:
@@ -582,7 +587,7 @@ def read_files(root: str, names: Sequence[str], procs: int = 1, mode: str = "pyt
         return {"seconds": r["seconds"], "bytes": r["bytes"], "objects": r["files"]}
     children = []
     try:
-        for i, chunk in enumerate(chunks):
+        for i, chunk in enumerate(shares(names, procs)):
             listfile = os.path.join(work, f"list{i}")
             with open(listfile, "w") as f:
                 f.write("\n".join(chunk))
@@ -611,10 +616,14 @@ def read_files(root: str, names: Sequence[str], procs: int = 1, mode: str = "pyt
                 p.wait()
 
 
+def shares(items: Sequence, n: int) -> List[Sequence]:
+    """`items` cut into `n` contiguous shares (sizes differ by at most one)."""
+    return [items[len(items) * i // n:len(items) * (i + 1) // n] for i in range(n)]
+
+
 def threaded(work: Callable[[Sequence], None], items: Sequence, threads: int) -> float:
     """Seconds for `threads` threads to run work(share) over `items` split
     in contiguous shares, from a common start."""
-    shares = [items[len(items) * i // threads:len(items) * (i + 1) // threads] for i in range(threads)]
     barrier, errors = threading.Barrier(threads + 1), []
 
     def run(share):
@@ -624,7 +633,7 @@ def threaded(work: Callable[[Sequence], None], items: Sequence, threads: int) ->
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    pool = [threading.Thread(target=run, args=(s,)) for s in shares]
+    pool = [threading.Thread(target=run, args=(s,)) for s in shares(items, threads)]
     for t in pool:
         t.start()
     barrier.wait()

@@ -115,7 +115,7 @@ def find_pass(ss, keys, budget: float):
 def open_set(res, how: str, n: int, paths, present, check, absent, budget: float):
     """A ShardSet over `paths`, with the global index or every sidecar
     built, checked, then warmed by an untimed pass of each kind."""
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
     from shardfs.gindex import IndexSet, index_dir
     cache = f"{WORK}/py-{how}-{n}"
     shutil.rmtree(cache, ignore_errors=True)
@@ -148,7 +148,7 @@ def open_set(res, how: str, n: int, paths, present, check, absent, budget: float
 
 
 def python_level(res, ds, dirs, plan, rounds: int) -> None:
-    from shardfs.fuse.shardset import default_max_open
+    from shardfs.shardset import default_max_open
     rng = random.Random(2)
     sample = rng.sample(range(ds.count), plan["keys"])
     present = [bytes.fromhex(ds.keys[i]) for i in sample]

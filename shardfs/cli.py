@@ -678,6 +678,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise UsageError("mount: the following arguments are required: MOUNTPOINT (see 'shardfs mount --help')")
     shards, mountpoint = args.paths[:-1], args.paths[-1]
     if args.winery is not None:
+        from shardfs.winery import require_psycopg
+
+        require_psycopg()
         _hide_password(args.winery)
         if shards or args.shard_dir:
             raise UsageError("mount: --winery mounts a winery database; give no SHARD paths nor --shard-dir "
@@ -1142,6 +1145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=level, format="shardfs: %(levelname)s: %(message)s")
 
     from shardfs import ShardError  # after parsing: --help works without the extension
+    from shardfs.errors import MissingDependencyError
 
     def fail(message: str, status: int) -> int:
         if debug:
@@ -1160,7 +1164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return fail("interrupted", EXIT_INTERRUPTED)
-    except ShardError as exc:
+    except (ShardError, MissingDependencyError) as exc:
         return fail(str(exc), EXIT_FAILURE)
     except OSError as exc:
         return fail(describe_oserror(exc), EXIT_FAILURE)

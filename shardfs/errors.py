@@ -28,3 +28,23 @@ class StaleSidecarError(ShardError):
     """A sidecar file (shardfs/sidecar.py) that cannot be used for this
     shard: built for another shard (identity or slot count differ) or
     damaged (magic, version, size). It is a cache: rebuild it."""
+
+
+class MissingDependencyError(ImportError):
+    """An optional dependency of the feature asked for is not installed.
+    The message is one line naming the module and the extra that installs
+    it (``pip install 'shardfs[winery]'``)."""
+
+
+def require(modules, extra: str, feature: str) -> None:
+    """Import each of `modules` (names), or raise MissingDependencyError
+    naming the first one missing and ``shardfs[extra]``, for `feature`."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MissingDependencyError(
+                f"{feature} needs the Python module {name}, which is not installed: "
+                f"pip install 'shardfs[{extra}]'") from None

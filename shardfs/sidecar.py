@@ -24,7 +24,7 @@ get (``Shard.slot(i)`` is None for a deleted one). ``build()`` again to drop
 deleted keys.
 
 ``SidecarSet`` holds the sidecars of many shards, by shard number (the
-number a mount gives each shard, `shardfs.fuse.shardset`):
+number a mount gives each shard, `shardfs.shardset`):
 ``candidates(key)`` lists the numbers of the shards that may hold the key,
 in one C call that overlaps the cache misses of all sidecars. It is not thread-safe:
 use it under the GIL (from one thread at a time).

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
-from shardfs.errors import ShardError
+from shardfs.errors import ShardError, require
 from shardfs.shard import KEY_SIZE, SLOT_SIZE, normalize_key
 
 log = logging.getLogger("shardfs.winery")
@@ -153,12 +153,19 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def require_psycopg() -> None:
+    """Raise MissingDependencyError (one line: ``pip install
+    'shardfs[winery]'``) unless psycopg and psycopg_pool are installed."""
+    require(("psycopg", "psycopg_pool"), "winery", "reading a winery database")
+
+
 def check(dsn: str) -> int:
     """Connect once and check that `dsn` names a winery database this
     module reads; returns its schema version. Raises WineryError (one
     line) when the database cannot be reached, refuses the login, lacks
     ``dbversion``, ``shards`` or ``signature2shard`` (or SELECT rights on
     them), or has an unsupported schema version."""
+    require_psycopg()
     import psycopg
 
     where = describe(dsn)
@@ -205,6 +212,7 @@ class Database:
     """
 
     def __init__(self, dsn: str, max_size: int = 2, name: str = "shardfs") -> None:
+        require_psycopg()
         self.dsn = dsn
         self.max_size = max_size
         self.name = name
@@ -316,7 +324,7 @@ class CatalogChange:
 
 class Catalog:
     """What a winery deployment holds, as last polled: its shards, which
-    of their images are served from a `shardfs.fuse.shardset.ShardSet`
+    of their images are served from a `shardfs.shardset.ShardSet`
     (numbered by shard id), the write shard tables, and the hidden
     (key, shard id) pairs.
 
@@ -783,7 +791,7 @@ class WineryStore:
     """
 
     def __init__(self, dsn: str, pools_dir: Optional[str] = None, cache_dir: Optional[str] = None) -> None:
-        from shardfs.fuse.shardset import ShardSet
+        from shardfs.shardset import ShardSet
 
         self.schema = check(dsn)
         self.db = Database(dsn, max_size=2, name="shardfs api")

@@ -661,7 +661,7 @@ def test_write_requests_reaching_the_daemon_are_erofs(corpus, tmp_path):
     from shardfs._shardfs import Session
     from shardfs.fuse.handlers import CACHE_TIMEOUT, ENTRY_TIMEOUT, ShardFS
     from shardfs.fuse.layout import Layout
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
     from shardfs.fuse.shared import REQUEST_KINDS
 
     path, objects = corpus

@@ -52,7 +52,7 @@ def test_handlers_bookkeeping(corpus):
     (None), unknown xattrs ENODATA, access for writing EROFS."""
     from shardfs.fuse.handlers import FUSEError, ShardFS
     from shardfs.fuse.layout import ROOT_INODE, object_inode
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
 
     path, objects = corpus
     key = sorted(objects)[0]
@@ -129,7 +129,7 @@ def test_read_clips_at_the_object_end(corpus):
     bytes asked for, clipped at the object's end, b"" at or past it."""
     from shardfs.fuse.handlers import ShardFS
     from shardfs.fuse.layout import object_inode
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
 
     path, objects = corpus
     shards = ShardSet(cache_dir=str(path.parent / "cache-read"))
@@ -155,7 +155,7 @@ def test_removed_shard_reads_but_is_not_found(corpus):
     closed), still answers its bytes."""
     from shardfs.fuse.handlers import FUSEError, ShardFS
     from shardfs.fuse.layout import ROOT_INODE, object_inode
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
 
     path, objects = corpus
     key = sorted(objects)[1]
@@ -182,7 +182,7 @@ def test_unexpected_exception_is_eio(corpus, monkeypatch, caplog):
     FUSEError(EIO) (and logs why): the C caller answers the errno."""
     from shardfs.fuse.handlers import FUSEError, ShardFS
     from shardfs.fuse.layout import ROOT_INODE
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
 
     path, objects = corpus
     key = sorted(objects)[2]
@@ -212,7 +212,7 @@ def test_readdir_flat_root_resumes_at_next_id(corpus):
     once, with the inode and size a lookup gives."""
     from shardfs.fuse.handlers import ShardFS
     from shardfs.fuse.layout import ROOT_INODE
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
 
     path, objects = corpus
     shards = ShardSet(cache_dir=str(path.parent / "cache-readdir"))
@@ -250,7 +250,7 @@ def test_fanout_listing_resumed_after_the_shard_set_changed(corpus):
     from shardfs import sidecar as sidecar_mod
     from shardfs.fuse.handlers import ShardFS
     from shardfs.fuse.layout import ROOT_INODE, Layout
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
 
     path, objects = corpus
     cache = path.parent / "cache-listing"

@@ -19,7 +19,7 @@ import pytest
 
 from mounting import SHARDFS, needs_fuse, run, wait_until
 from shardfs import ShardWriter
-from shardfs.fuse.shardset import ShardSet
+from shardfs.shardset import ShardSet
 from shardfs.gindex import MANIFEST, IndexSet, index_dir
 
 
@@ -172,7 +172,7 @@ def test_index_is_reused_from_disk_and_a_bad_manifest_is_rebuilt(many, tmp_path)
 _MERGER = """
 import sys
 sys.path.insert(0, {repo!r})
-from shardfs.fuse.shardset import ShardSet
+from shardfs.shardset import ShardSet
 from shardfs.gindex import IndexSet
 shards = ShardSet(cache_dir={cache!r})
 shards.index = IndexSet({directory!r}); shards.index.load()

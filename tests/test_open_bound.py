@@ -18,7 +18,7 @@ import pytest
 
 from mounting import SHARDFS, daemon_pids, mount_processes, needs_fuse, run, wait_until, worker_pids
 from shardfs import ShardWriter
-from shardfs.fuse.shardset import FD_RESERVE, ShardSet, default_max_open
+from shardfs.shardset import FD_RESERVE, ShardSet, default_max_open
 from shardfs.fuse.coordinator import KEEP_INTERVAL
 from shardfs.gindex import IndexSet, index_dir
 

@@ -14,7 +14,7 @@ import pytest
 
 from shardfs import Shard, _shardfs, sidecar
 from shardfs.errors import CorruptShardError
-from shardfs.fuse.shardset import OpenCache, ShardSet
+from shardfs.shardset import OpenCache, ShardSet
 
 from test_gindex import build_shard, sha
 

@@ -72,7 +72,7 @@ from shardfs.fuse import worker as worker_mod
 from shardfs.fuse.handlers import ShardFS
 from shardfs.fuse.layout import object_inode
 from shardfs.fuse.openfiles import OpenFiles
-from shardfs.fuse.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
+from shardfs.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
 from shardfs.fuse.shared import SharedState
 
 log = logging.getLogger("shardfs.fuse")

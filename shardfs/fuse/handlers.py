@@ -6,7 +6,7 @@ Where names are listed depends on the layout (`shardfs.fuse.layout`): the
 root lists every object (``flat``) or directories sliced from the key's hex
 (``fanout``, ``MOUNT/ab/cd/<key>``); in both, ``MOUNT/<key>`` is found by
 lookup. A key held by several shards appears once, from the shard with the
-lowest number (`shardfs.fuse.shardset`).
+lowest number (`shardfs.shardset`).
 
 Inodes encode where an object is: ``(shard number + 1) << 32 | slot``, so
 the filesystem keeps no table of the inodes the kernel knows (its memory
@@ -63,7 +63,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from shardfs import sidecar as sidecar_mod
 from shardfs.fuse.layout import (OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode, split_db_inode,
                                  split_object_inode)
-from shardfs.fuse.shardset import MountedShard, ShardSet
+from shardfs.shardset import MountedShard, ShardSet
 from shardfs.shard import KEY_SIZE
 from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped
 

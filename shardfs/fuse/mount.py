@@ -5,7 +5,7 @@ options, the mount point, the shard directory, the layout), then either
 serves in the foreground (`foreground=True`, until SIGINT/SIGTERM or an
 external unmount) or starts a detached daemon process and returns once the
 filesystem answers. The process that serves opens and validates the shards
-(`open_shard_set`): an error there fails the mount with one line.
+(`shardfs.shardset.open_shard_set`): an error there fails the mount with one line.
 
 The daemon is a fresh interpreter (``python -m shardfs.fuse.mount --serve``),
 not a fork of the caller (a command line, a test, a library user whose
@@ -39,7 +39,7 @@ from typing import IO, TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, 
 
 if TYPE_CHECKING:  # imported lazily at run time: the mount's modules and trio are heavy
     from shardfs.fuse.layout import Layout
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -281,61 +281,12 @@ def setup_logging(debug: bool, log_file: Optional[str], stream: Optional[IO[str]
 AUTO_FLAT_LIMIT = 100_000
 
 
-def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
-                   cache_dir: Optional[str] = None,
-                   progress: Optional[Callable[[int, int], None]] = None) -> "ShardSet":
-    """Open the shards of a mount: `shard_paths` in order (each must be a
-    valid shard: errors propagate), then the shards of `shard_dir` in name
-    order (invalid ones are logged and skipped; they are retried when they
-    change). Sidecars are loaded from `cache_dir`, never built here.
-    `progress(done, total)` is called as the directory's shards are opened.
-    Raises ShardError when there is nothing to serve and no directory."""
-    from shardfs.fuse.shardset import ShardSet
-
-    if not shard_paths and shard_dir is None:
-        raise _shard_error("no shard to mount")
-    shards = ShardSet(cache_dir=cache_dir, shard_dir=shard_dir)
-    shards.pinned = list(dict.fromkeys(shard_paths))
-    use_global_index(shards, shard_dir or "\n".join(shards.pinned))
-    try:
-        for p in shard_paths:
-            if p in shards.by_path:
-                continue  # the same shard twice: serve it once
-            shards.add(p)
-        if shard_dir is not None:
-            try:
-                shards.rescan(progress)  # the directory's shards
-            except OSError as exc:
-                raise _shard_error(f"shard directory {shard_dir}: {exc.strerror or exc}") from None
-    except BaseException:
-        shards.close()
-        raise
-    return shards
-
-
-def use_global_index(shards: "ShardSet", scope: str) -> None:
-    """Give `shards` the global index (`shardfs.gindex`) of mount source
-    `scope` in its cache directory, as left by earlier mounts (the shards
-    it does not hold are indexed in the background). Without it (the
-    cache directory cannot be used: logged), every shard is found through
-    its own filter."""
-    from shardfs.gindex import IndexSet, index_dir
-
-    try:
-        index = IndexSet(index_dir(shards.cache_dir, scope))
-        index.load()
-    except Exception as exc:  # the index is a cache: never a reason to fail a mount
-        log.warning("global index unavailable (%s): lookups ask every shard's filter", exc)
-        return
-    shards.index = index
-
-
 def open_winery(dsn: str, pools_dir: Optional[str], cache_dir: Optional[str]) -> "Tuple[ShardSet, object, object]":
     """Open a winery deployment for a mount: (shard set of its images,
     the coordinator's `shardfs.winery.Catalog`, the workers'
     `shardfs.fuse.winery.WineryView`). Raises WineryError (one line) when
     the database is not a usable winery database or is down."""
-    from shardfs.fuse.shardset import ShardSet
+    from shardfs.shardset import ShardSet, use_global_index
     from shardfs.fuse.winery import WineryView
     from shardfs.winery import Catalog, Database, Reader, check, describe
 
@@ -547,6 +498,8 @@ def mount_shards(
         return _spawn_daemon(shard_paths, mp, opts, debug, log_file, progress=progress, shard_dir=shard_dir,
                              **settings)
     setup_logging(debug, log_file)
+    from shardfs.shardset import open_shard_set
+
     return _serve_foreground(open_shard_set(shard_paths, shard_dir, settings["cache_dir"]), mp, opts,
                              settings)
 
@@ -760,6 +713,8 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
             shards.followed = True
             winery = (catalog, view)
         else:
+            from shardfs.shardset import open_shard_set
+
             shards = open_shard_set(args.shards, args.shard_dir, args.cache_dir,
                                     progress=_progress_reporter(ready_fd))
     except Exception as exc:

@@ -98,7 +98,7 @@ class OpenFiles:
 
     def in_use(self, number: int) -> bool:
         """Whether a file of shard `number` is open, for
-        `shardfs.fuse.shardset.ShardSet.in_use`: a "no" may be MAX_AGE
+        `shardfs.shardset.ShardSet.in_use`: a "no" may be MAX_AGE
         seconds old (the coordinator keeps such a shard open meanwhile),
         a "yes" is checked again unless it is FRESH seconds old (a shard is
         not kept open past the bound on a file closed since)."""

@@ -38,7 +38,7 @@ import sys
 from typing import Any, Dict
 
 from shardfs.fuse.handlers import RequestHooks, ShardFS
-from shardfs.fuse.shardset import MountedShard, ShardSet
+from shardfs.shardset import MountedShard, ShardSet
 from shardfs.fuse.shared import LOOKUPS, PROBES, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")

@@ -1,5 +1,7 @@
-"""The shards of one mount: which are served, in which order, and their filters.
+"""A set of many shards: which are served, in which order, their filters and global index.
 
+Every front end that reads many shards uses it: a mount (`shardfs.fuse`),
+`shardfs.winery.WineryStore` and the objstorage (`shardfs.objstorage`).
 A mount serves one tree over many shards. Each shard gets a *number*, unique
 for the life of the mount and never reused: shards given on the command line
 are numbered in the order given, a ``--shard-dir`` is scanned in name order,
@@ -37,7 +39,7 @@ import resource
 import stat
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from shardfs import Shard, normalize_key
 from shardfs import sidecar as sidecar_mod
@@ -741,3 +743,53 @@ class ShardSet:
             if progress is not None and (done % PROGRESS_EVERY == 0 or done == len(new)):
                 progress(done, len(new))
         return (added, gone)
+
+
+# ------------------------------------------------------------ opening
+
+
+def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
+                   cache_dir: Optional[str] = None,
+                   progress: Optional[Callable[[int, int], None]] = None) -> ShardSet:
+    """Open the shards of a mount (or an objstorage): `shard_paths` in order (each must be a
+    valid shard: errors propagate), then the shards of `shard_dir` in name
+    order (invalid ones are logged and skipped; they are retried when they
+    change). Sidecars are loaded from `cache_dir`, never built here.
+    `progress(done, total)` is called as the directory's shards are opened.
+    Raises ShardError when there is nothing to serve and no directory."""
+    if not shard_paths and shard_dir is None:
+        raise ShardError("no shard to mount")
+    shards = ShardSet(cache_dir=cache_dir, shard_dir=shard_dir)
+    shards.pinned = list(dict.fromkeys(shard_paths))
+    use_global_index(shards, shard_dir or "\n".join(shards.pinned))
+    try:
+        for p in shard_paths:
+            if p in shards.by_path:
+                continue  # the same shard twice: serve it once
+            shards.add(p)
+        if shard_dir is not None:
+            try:
+                shards.rescan(progress)  # the directory's shards
+            except OSError as exc:
+                raise ShardError(f"shard directory {shard_dir}: {exc.strerror or exc}") from None
+    except BaseException:
+        shards.close()
+        raise
+    return shards
+
+
+def use_global_index(shards: ShardSet, scope: str) -> None:
+    """Give `shards` the global index (`shardfs.gindex`) of mount source
+    `scope` in its cache directory, as left by earlier mounts (the shards
+    it does not hold are indexed in the background). Without it (the
+    cache directory cannot be used: logged), every shard is found through
+    its own filter."""
+    from shardfs.gindex import IndexSet, index_dir
+
+    try:
+        index = IndexSet(index_dir(shards.cache_dir, scope))
+        index.load()
+    except Exception as exc:  # the index is a cache: never a reason to fail a mount
+        log.warning("global index unavailable (%s): lookups ask every shard's filter", exc)
+        return
+    shards.index = index

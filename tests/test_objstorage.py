@@ -5,6 +5,7 @@ its RPC server (`swh objstorage rpc-serve`) read by its `remote` client, its
 real winery deployment (tests/winery_deploy.py). Object ids are made by
 swh's hashing (`objid_for_content`: sha1, sha1_git, sha256, blake2s256).
 """
+import concurrent.futures
 import contextlib
 import os
 import socket
@@ -131,6 +132,26 @@ def test_shard_dir_is_followed_and_takedowns_are_seen_at_once(two_shards, tmp_pa
         time.sleep(0.1)
     assert storage.get(new) == b"a new object"
     assert ids[45] not in storage and list(storage.get_batch([ids[45], ids[5]])) == [None, content_of(data, ids[5])]
+    storage.close()
+
+
+def test_threads_share_one_storage(two_shards, tmp_path):
+    """swh's RPC server runs a thread per request: 8 threads reading at
+    once, one at a time and in batches, every byte right."""
+    paths, data, ids = two_shards
+    storage = get_objstorage("shardfs", shards=paths, cache_dir=str(tmp_path / "cache"))
+    missing = objid_for_content(b"absent")
+
+    def reader(n):
+        for _ in range(20):
+            order = ids[n:] + ids[:n]
+            assert [storage.get(i) for i in order[:10]] == [content_of(data, i) for i in order[:10]]
+            assert list(storage.get_batch(order[10:30] + [missing])) == \
+                [content_of(data, i) for i in order[10:30]] + [None]
+        return True
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(reader, range(8)))
     storage.close()
 
 

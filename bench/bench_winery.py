@@ -29,6 +29,14 @@ objects/s, MB/s (10^6 bytes of contents) and x winery-get:
                 object. From C (bench/c/pq_lookup.c: libpq, prepared, binary)
                 and from Python (psycopg: one connection, shardfs's session
                 settings, conn.execute().fetchall() as shardfs's Database).
+  Through swh-objstorage's interface (`{"sha256": key}` ids):
+  pathslicing   swh's PathSlicingObjStorage over the same objects as files
+                (slicing 0:2/2:4, no compression, primary hash sha256)
+  os-shardfs, os-shardfs-batch  get_objstorage("shardfs", winery=...): get,
+                and get_batch of 100 (winery-get is winery's objstorage)
+  rpc-winery, rpc-pathslicing, rpc-shardfs, rpc-shardfs-batch  the same
+                backends behind swh's RPC server (its WSGI app under gunicorn
+                --preload, 2 sync workers), read with its `remote` client
 Cold: PostgreSQL restarted, the reader made afresh (a new WineryObjStorage,
 WineryStore or connection; the mount remounted) and primed without reading
 an object (images opened, connections made), then sync and drop_caches,
@@ -39,8 +47,9 @@ stream (xargs-cat inside the clock, libpq after it). Figures are medians of
 interleaved rounds (3, quick 1); ratios the median of each round's ratio.
 
 Goals (issue: ">= 5x winery's reader for objects in read shards"): api-get,
-mount-read and mount-read-4 >= 5x winery-get's objects/s, objects in read
-shards, cold and warm (6 GOAL lines).
+mount-read, mount-read-4 and os-shardfs >= 5x winery-get's objects/s, and
+rpc-shardfs >= 2x rpc-winery's, objects in read shards, cold and warm (10
+GOAL lines).
 """
 from __future__ import annotations
 
@@ -50,6 +59,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -70,6 +80,13 @@ METHODS = {
     "mount-read": "mount: open/read/close, 1 thread",
     "mount-read-4": f"mount: open/read/close, {THREADS} threads",
     "xargs-cat": "mount: xargs cat, piped to sha256sum",
+    "pathslicing": "swh PathSlicingObjStorage.get (same objects as files)",
+    "os-shardfs": "shardfs objstorage get",
+    "os-shardfs-batch": f"shardfs objstorage get_batch ({BATCH})",
+    "rpc-winery": "RPC: winery objstorage get",
+    "rpc-pathslicing": "RPC: pathslicing get",
+    "rpc-shardfs": "RPC: shardfs objstorage get",
+    "rpc-shardfs-batch": f"RPC: shardfs objstorage get_batch ({BATCH})",
     "libpq": "the query from C (libpq)",
     "psycopg": "the query from Python (psycopg)",
 }
@@ -131,6 +148,20 @@ class Bench:
         store.close()
         self.pq_sql = (self.sql.replace("%(key)s", "$1").replace("%(start)s", "$2")
                        .replace("%(length)s", "$3").replace("%%", "%"))
+        from swh.objstorage.factory import get_objstorage
+        self.configs = {
+            "winery": {"cls": "winery", "database": {"db": self.dsn}, "shards_pools": [self.dep.pool_settings],
+                       "readonly": True},
+            "pathslicing": {"cls": "pathslicing", "root": f"{WORK}/pathslicing", "slicing": "0:2/2:4",
+                            "compression": "none", "primary_hash": "sha256"},
+            "shardfs": {"cls": "shardfs", "winery": {"dsn": self.dsn, "pools_dir": self.dep.pools_dir},
+                        "cache_dir": self.cache}}
+        os.makedirs(f"{WORK}/pathslicing")
+        files = get_objstorage(**self.configs["pathslicing"])
+        for key, content in self.contents.items():
+            files.add(content, {"sha256": key}, check_presence=False)
+        os.sync()
+        self.rpc = None
         self.pq_lookup = compile_c("pq_lookup", ["-I" + sh(["pg_config", "--includedir"]).decode().strip(), "-lpq"])
         self.handle = None
 
@@ -152,6 +183,27 @@ class Bench:
                 st.reader.roshard(name)  # its image opened, as shardfs opens images when it starts
             if {"sha256": b"\0" * 32} in st:  # the connections made
                 raise RuntimeError("winery holds the all-zero key")
+            return st
+        if method in ("pathslicing", "os-shardfs", "os-shardfs-batch") or method.startswith("rpc-"):
+            from swh.objstorage.factory import get_objstorage
+            backend = method.split("-")[1] if "-" in method else method
+            if method.startswith("rpc-"):
+                self.rpc = rpc_server(self.configs[backend])
+                st = get_objstorage("remote", url=self.rpc[1])
+                deadline = time.monotonic() + 60
+                while True:  # the server answers (its app loaded, the workers forked)
+                    try:
+                        st.check_config(check_write=False)
+                        break
+                    except Exception:
+                        if self.rpc[0].poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError(f"gunicorn did not start: {self.rpc[0].stderr.read()[-300:]}")
+                        time.sleep(0.1)
+            else:
+                st = get_objstorage(**self.configs[backend])
+            for _ in range(4):  # the backend opened in every worker, connections made
+                if {"sha256": b"\0" * 32} in st:
+                    raise RuntimeError("the objstorage holds the all-zero key")
             return st
         if method in ("api-get", "api-batch"):
             from shardfs.winery import WineryStore
@@ -181,8 +233,12 @@ class Bench:
             finally:
                 for db in [handle.reader.base, *handle.reader.rw_shards.values()]:
                     _close_database(db)
-        elif method in ("api-get", "api-batch", "psycopg"):
+        elif method in ("api-get", "api-batch", "psycopg", "os-shardfs", "os-shardfs-batch"):
             handle.close()
+        elif method.startswith("rpc-"):
+            server, self.rpc = self.rpc[0], None
+            server.terminate()
+            server.wait(timeout=30)
         elif method.startswith(("mount", "xargs")):
             self.mount.umount()
 
@@ -197,8 +253,12 @@ class Bench:
                 check_stream(hashlib.sha256(f.read()).hexdigest(), self.stream[loc])
             return r["seconds"], None
         t0 = time.perf_counter()
-        if method == "winery-get":
+        if method in ("winery-get", "pathslicing", "os-shardfs") or method.startswith("rpc-") \
+                and not method.endswith("batch"):
             out = [h.get({"sha256": k}) for k in keys]
+        elif method in ("os-shardfs-batch", "rpc-shardfs-batch"):
+            for i in range(0, len(keys), BATCH):
+                out += h.get_batch([{"sha256": k} for k in keys[i:i + BATCH]])
         elif method == "api-get":
             out = [h.get(k) for k in keys]
         elif method == "api-batch":
@@ -259,6 +319,23 @@ class Bench:
                 "objects": len(keys), **extra}
 
 
+def rpc_server(config: dict):
+    """swh's objstorage RPC app for `config` under gunicorn: (process, url)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = f"{WORK}/rpc-{config['cls']}.yml"
+    with open(path, "w") as f:
+        json.dump({"objstorage": config}, f)  # JSON is YAML
+    gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
+    proc = subprocess.Popen([gunicorn, "--preload", "-w", "2", "-b", f"127.0.0.1:{port}",
+                             "swh.objstorage.api.server:make_app_from_configfile()"],
+                            env=dict(os.environ, SWH_CONFIG_FILENAME=path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    return proc, f"http://127.0.0.1:{port}/"
+
+
 def check_stream(got: str, expected: str) -> None:
     if got != expected:
         raise ValueError(f"WRONG BYTES: the stream hashes to {got[:16]}..., expected {expected[:16]}...")
@@ -296,13 +373,18 @@ def report(res: Results, b: Bench, methods: list) -> None:
              f"queries per object in write shards, {fmt(res.value('read warm', 'api-get', 'queries_per_object'), 2)} "
              "in read shards.\n\nThe query (psycopg's form; pq_lookup binds the same with $1..$3):\n\n"
              f"```sql\n{b.sql}\n```")
-    for m, title in (("api-get", "WineryStore.get"), ("mount-read", "open/read/close through the mount"),
-                     ("mount-read-4", f"the same, {THREADS} reader threads")):
+    for m, base, need, title in (
+            ("api-get", "winery-get", GOAL, "WineryStore.get"),
+            ("mount-read", "winery-get", GOAL, "open/read/close through the mount"),
+            ("mount-read-4", "winery-get", GOAL, f"the same, {THREADS} reader threads"),
+            ("os-shardfs", "winery-get", GOAL, "the shardfs objstorage's get"),
+            ("rpc-shardfs", "rpc-winery", 2.0, "the shardfs objstorage's get through swh's RPC server")):
         for t in TEMPS:
-            r = res.ratio_of_rounds(f"read {t}", m, "winery-get")
-            res.goal(f"{title} >= {GOAL:g}x winery's WineryObjStorage.get, objects in read shards, {t}", r,
-                     ">=", GOAL, shown=f"{fmt(res.value(f'read {t}', m))} vs "
-                     f"{fmt(res.value(f'read {t}', 'winery-get'))} objects/s = {fmt(r, 2)}×" if r else "")
+            r = res.ratio_of_rounds(f"read {t}", m, base)
+            res.goal(f"{title} >= {need:g}x winery's {'through RPC' if base != 'winery-get' else 'objstorage'}, "
+                     f"objects in read shards, {t}", r, ">=", need,
+                     shown=f"{fmt(res.value(f'read {t}', m))} vs {fmt(res.value(f'read {t}', base))} "
+                     f"objects/s = {fmt(r, 2)}×" if r else "")
 
 
 def main(argv=None) -> int:

@@ -37,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from swh.objstorage.exc import ObjNotFoundError, ReadOnlyObjStorageError
@@ -100,6 +101,8 @@ class ShardfsObjStorage(ObjStorage):
             raise ConfigError("shardfs objstorage: give 'shards', 'shard_dir' (or both), or 'winery'")
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        this = weakref.ref(self)  # a new lock in a forked child: one copied may be held by a thread that is gone
+        os.register_at_fork(after_in_child=lambda: this() is not None and this()._new_lock())
         self._orphans: List[Any] = []  # what a parent process opened (never touched after a fork)
         self._backend = self._open()
 
@@ -149,10 +152,8 @@ class ShardfsObjStorage(ObjStorage):
                 self._build_sidecars(backend)
         return backend
 
-    def _locked(self):
-        if self._pid != os.getpid():  # a lock copied by fork may be held by a thread that is gone
-            self._lock = threading.Lock()
-        return self._lock
+    def _new_lock(self) -> None:
+        self._lock = threading.Lock()
 
     @staticmethod
     def _key(obj_id: HashDict) -> Optional[bytes]:
@@ -168,7 +169,7 @@ class ShardfsObjStorage(ObjStorage):
         key = self._key(obj_id)
         data = None
         if key is not None:
-            with self._locked():
+            with self._lock:
                 data = self._use().get_batch([key])[0]
         if data is None:
             raise ObjNotFoundError(obj_id)
@@ -180,7 +181,7 @@ class ShardfsObjStorage(ObjStorage):
         ids = list(obj_ids)
         keys = [self._key(i) for i in ids]
         wanted = [k for k in keys if k is not None]
-        with self._locked():
+        with self._lock:
             datas = iter(self._use().get_batch(wanted))
         for k in keys:
             yield None if k is None else next(datas)
@@ -190,7 +191,7 @@ class ShardfsObjStorage(ObjStorage):
         key = self._key(obj_id)
         if key is None:
             return False
-        with self._locked():
+        with self._lock:
             backend = self._use()
             if self._winery is not None:
                 return key in backend
@@ -214,6 +215,6 @@ class ShardfsObjStorage(ObjStorage):
 
     def close(self) -> None:
         """Close this process's shards (or database pool)."""
-        with self._locked():
+        with self._lock:
             if self._pid == os.getpid():
                 self._backend.close()

@@ -45,6 +45,7 @@ from swh.objstorage.interface import HashDict
 from swh.objstorage.objstorage import ObjStorage, timed
 
 from shardfs.errors import ShardError
+from shardfs.shardset import CACHE_DIR_ERRNOS, open_shard_set
 
 log = logging.getLogger("shardfs.objstorage")
 
@@ -114,8 +115,6 @@ class ShardfsObjStorage(ObjStorage):
             from shardfs.winery import WineryStore
 
             return WineryStore(self._winery["dsn"], self._winery.get("pools_dir"), self._cache_dir)
-        from shardfs.shardset import open_shard_set
-
         shards = open_shard_set(self._paths, self._shard_dir, self._cache_dir)
         self._build_sidecars(shards)
         self._rescanned = time.monotonic()
@@ -127,7 +126,13 @@ class ShardfsObjStorage(ObjStorage):
         each, so that a lookup does not probe every shard's index)."""
         for member in shards.needs_sidecar():
             try:
-                shards.build_sidecar(member)
+                try:
+                    shards.build_sidecar(member)
+                except OSError as exc:
+                    if exc.errno not in CACHE_DIR_ERRNOS or shards.sidecar_dir != shards.cache_dir:
+                        raise
+                    shards.use_private_sidecar_dir()  # a cache directory this login cannot write
+                    shards.build_sidecar(member)
             except (OSError, ShardError) as exc:
                 member.sidecar_failed = True
                 log.warning("%s: no sidecar (%s): probed for every lookup", member.path, exc)

@@ -50,7 +50,8 @@ log = logging.getLogger("shardfs.fuse")
 
 #: Errors of a sidecar build that come from the cache directory (then a
 #: private temporary directory is used instead).
-CACHE_DIR_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
+CACHE_DIR_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
+                    errno.EEXIST}  # EEXIST: a component of the cache directory's path is a file
 
 
 @dataclass(eq=False, slots=True)

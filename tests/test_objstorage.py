@@ -107,6 +107,18 @@ def test_a_wrong_config_is_one_clear_error(config, message):
     assert "\n" not in str(exc.value)
 
 
+def test_a_cache_dir_it_cannot_write_costs_a_private_one(two_shards, tmp_path):
+    paths, data, ids = two_shards
+    (tmp_path / "a file").write_bytes(b"")
+    cache = str(tmp_path / "a file" / "cache")  # ENOTDIR, as EACCES for a read-only login
+    storage = get_objstorage("shardfs", shards=paths, cache_dir=cache)
+    assert [storage.get(i) for i in ids] == [content_of(data, i) for i in ids]
+    built = storage._backend.sidecar_dir
+    assert built != cache and os.path.isdir(built)
+    storage.close()
+    assert not os.path.exists(built)  # removed with the storage
+
+
 def test_a_missing_shard_fails_construction(tmp_path):
     with pytest.raises(FileNotFoundError, match="absent.shard: No such file"):
         get_objstorage("shardfs", shards=[str(tmp_path / "absent.shard")], cache_dir=str(tmp_path))

@@ -47,7 +47,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (DATA, ROOT, VENV, Results, Skip, dataset, device_reads, drop_caches,  # noqa: E402
-                     fmt, log, main_args, memory, objects, rounds, sh, timed)
+                     fmt, log, main_args, memory, objects, rounds, sh, timed, times)
 
 import shardfs  # noqa: E402
 
@@ -161,7 +161,7 @@ def report_write(res: Results, points) -> None:
 
         def x(t, pct=False):
             r = res.ratio_of_rounds(m, t, "cp cold")
-            return fmt(v(t), 3) + (f" ({fmt(100 * r, 1)}%)" if pct and r else f" ({fmt(r, 2)}×)" if r else "")
+            return fmt(v(t), 3) + (f" ({fmt(100 * r, 1)}%)" if pct and r else f" ({times(r)})" if r else "")
         rows.append([f"{n:,}", SIZES[kind], fmt((v("shard bytes") or 0) / 1e6, 1), fmt(v("cp warm"), 3), fmt(cold, 3),
                      fmt(v("cp+fsync"), 3), x("ShardWriter"), x("perfect hash", True), x("swh ShardCreator"),
                      f"{fmt(v('ShardWriter', 'peak_mib'), 1)} / {fmt(v('swh ShardCreator', 'peak_mib'), 1)}"])
@@ -328,7 +328,7 @@ def measure_create(res: Results, n: int, nrounds: int, before: str) -> None:
     for tool, limit in (("tar -cf", 1.2), ("mksquashfs -comp lz4", 0.8)):
         r = res.ratio_of_rounds(m, "shardfs create", tool)
         res.goal(f"shardfs create ≤ {limit}× {tool} ({n:,} files)", r, "<=", limit,
-                 f"{fmt(res.value(m, 'shardfs create'), 3)} s / {fmt(res.value(m, tool), 3)} s = {fmt(r, 2)}×")
+                 f"{fmt(res.value(m, 'shardfs create'), 3)} s / {fmt(res.value(m, tool), 3)} s = {times(r)}")
 
 
 def main() -> None:

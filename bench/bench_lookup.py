@@ -184,7 +184,7 @@ def main() -> None:
             if args.only and not {(m, a), (m, b)} <= ran:
                 continue
             x = res.ratio_of_rounds(m, a, b)
-            res.goal(f"{text}{suffix if 'get_batch' in a else ''}, {m}", x, ">=", threshold, shown=f"{H.fmt(x, 2)}×")
+            res.goal(f"{text}{suffix if 'get_batch' in a else ''}, {m}", x, ">=", threshold, shown=H.times(x))
 
     def draw(ax):
         measures = [f"{k} {c}" for k in sets for c in CACHES]

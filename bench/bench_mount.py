@@ -422,10 +422,10 @@ class Bench:
                  f"Versions: {versions}.")
 
         def cell(m, key, base):  # figure (ratio to base's)
-            return f"{h.fmt(res.value(m, key))} ({ratio_fmt(res.ratio_of_rounds(m, key, base))})"
+            return f"{h.fmt(res.value(m, key))} ({h.times(res.ratio_of_rounds(m, key, base))})"
         res.table(["measure", *[t.label for t in shown], *[f"{t.label} / plain" for t in others]],
                   [[LABEL[m], *[h.fmt(res.value(m, t.key)) for t in shown],
-                    *[ratio_fmt(res.ratio_of_rounds(m, t.key, "plain")) for t in others]] for m in small],
+                    *[h.times(res.ratio_of_rounds(m, t.key, "plain")) for t in others]] for m in small],
                   "### Small objects through each target")
         cpu = ["py4", "py16", "rsync", "fio-cold-16"]
         res.table(["target", "py1 user", "py1 system", "py1 total", *cpu, "FUSE requests per object (py1)"],
@@ -443,7 +443,7 @@ class Bench:
             cols = ["py1", "py4", "py16", "fio-warm", "rsync", "fio-cold-1", "fio-cold-16"]
             res.table(["target", *cols, "fio-cold 16 jobs / 1 job"],
                       [[t.label, *[cell(c, t.key, "squash") for c in cols],
-                        ratio_fmt(h.ratio(res.value("fio-cold-16", t.key), res.value("fio-cold-1", t.key)))]
+                        h.times(h.ratio(res.value("fio-cold-16", t.key), res.value("fio-cold-1", t.key)))]
                        for t in wt], "### Workers: objects/s (reads/s for fio-warm) and × squashfuse_ll")
         big = [m[0] for m in MEASURES if m[3] in ("mix", "large") and res.values(m[0], "shardfs")]
         if big:
@@ -482,8 +482,8 @@ class Bench:
                 ("cold tar -cf >= 1x plain files", "tar", "plain", 1.0),
                 ("cold find|xargs sha256sum >= 1x plain files", "sha", "plain", 1.0)):
             r, before = res.ratio_of_rounds(m, "shardfs", base), res.ratio_of_rounds(m, "before", base)
-            res.goal(text, r, ">=", need, f"{ratio_fmt(r)} (medians {h.fmt(res.value(m, 'shardfs'))} against "
-                     f"{h.fmt(res.value(m, base))}; before {ratio_fmt(before)})")
+            res.goal(text, r, ">=", need, f"{h.times(r)} (medians {h.fmt(res.value(m, 'shardfs'))} against "
+                     f"{h.fmt(res.value(m, base))}; before {h.times(before)})")
         cpu = res.value("py1", "shardfs", "cpu_us")
         res.goal("serving CPU per cold object (py1) <= 10 us", cpu, "<=", 10,
                  f"{h.fmt(cpu, 1)} us (FUSE floor {h.fmt(res.value('py1', 'null', 'cpu_us'), 1)} us, "
@@ -494,7 +494,7 @@ class Bench:
                  f"{h.fmt(best[0])}/s with {plural(best[1], 'job')}")
         a, b = res.value("fio-cold-16", "shardfs"), res.value("fio-cold-1", "shardfs")
         res.goal("cold whole-object fio reads at 16 jobs >= 3x the 1-job figure", h.ratio(a, b), ">=", 3,
-                 f"{h.fmt(a)} against {h.fmt(b)}/s = {ratio_fmt(h.ratio(a, b))}")
+                 f"{h.fmt(a)} against {h.fmt(b)}/s = {h.times(h.ratio(a, b))}")
         keys = ["shardfs"] + [t.key for t in self.groups["workers"]]
         have = sum(res.value(f"py{n}", k) is not None for k in keys for n in READERS)
         res.goal(f"workers x readers table of cold open().read() (workers {'/'.join(map(str, WORKERS))} x readers "
@@ -509,10 +509,6 @@ class Bench:
             worst = max(filter(None, (res.value(m, "shardfs", k) for m in ("mixed-cold", "mixed-warm"))), default=None)
             res.goal(f"objects read under the mixed load, {k[:-3]} < {need:,} {unit} (worst of cold and warm)",
                      worst, "<=", need, f"{h.fmt(worst, 2)} {unit}")
-
-
-def ratio_fmt(r):
-    return "—" if r is None else f"{r:.2f}×"
 
 
 def requests(res, measure, target):

@@ -496,7 +496,7 @@ def goals(res, big: int) -> None:
             mk = m.format(kind)
             x = res.ratio_of_rounds(mk, b, "1")
             res.goal(f"{big_s} >= 0.8x one shard, {kind} ({what})", x, ">=", 0.8,
-                     f"{h.fmt(res.value(mk, b))}/s vs {h.fmt(res.value(mk, '1'))}/s = {h.fmt(x, 2)}x")
+                     f"{h.fmt(res.value(mk, b))}/s vs {h.fmt(res.value(mk, '1'))}/s = {h.times(x)}")
     for n, limit in ((big, 5.0), (1, 0.5)):
         for cache in ("cold", "warm"):
             x = res.value(f"start {cache}", str(n))

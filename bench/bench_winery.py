@@ -67,7 +67,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from harness import (Results, Target, abort_fuse, compile_c, drop_caches, deb_version, fmt,  # noqa: E402
-                     log, main_args, objects, ratio, rounds, sh, threaded)
+                     log, main_args, objects, ratio, rounds, sh, threaded, times)
 
 WORK = "/tmp/bench-winery"
 LOCATIONS = {"read": "read shards", "write": "write shards"}
@@ -351,7 +351,7 @@ def report(res: Results, b: Bench, methods: list) -> None:
             for t in TEMPS:
                 r = res.ratio_of_rounds(f"{loc} {t}", m, "winery-get")
                 cells += [fmt(res.value(f"{loc} {t}", m)), fmt(res.value(f"{loc} {t}", m, "mb_s"), 1),
-                          "1 (peer)" if m == "winery-get" else (fmt(r, 2) + "×" if r else "—")]
+                          "1 (peer)" if m == "winery-get" else times(r)]
             rows.append([METHODS[m], *cells])
         res.table(["method", "cold objects/s", "cold MB/s", "cold × winery", "warm objects/s", "warm MB/s",
                    "warm × winery"], rows,
@@ -360,7 +360,7 @@ def report(res: Results, b: Bench, methods: list) -> None:
           for t in TEMPS}
     res.table(["method", "cold µs/object", "warm µs/object", "cold / libpq", "warm / libpq"],
               [[METHODS[m], fmt(us[m, "cold"], 1), fmt(us[m, "warm"], 1),
-                *(fmt(ratio(us[m, t], us["libpq", t]), 2) + "×" if us[m, t] else "—" for t in TEMPS)]
+                *(times(ratio(us[m, t], us["libpq", t])) for t in TEMPS)]
                for m in ("libpq", "psycopg", "api-get", "mount-read") if m in methods],
               "### An object only in PostgreSQL: the query (libpq, psycopg) and what readers see, "
               "write shards, µs per object")
@@ -384,7 +384,7 @@ def report(res: Results, b: Bench, methods: list) -> None:
             res.goal(f"{title} >= {need:g}x winery's {'through RPC' if base != 'winery-get' else 'objstorage'}, "
                      f"objects in read shards, {t}", r, ">=", need,
                      shown=f"{fmt(res.value(f'read {t}', m))} vs {fmt(res.value(f'read {t}', base))} "
-                     f"objects/s = {fmt(r, 2)}×" if r else "")
+                     f"objects/s = {times(r)}" if r else "")
 
 
 def main(argv=None) -> int:

@@ -684,6 +684,11 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
 
+def times(r: Optional[float]) -> str:
+    """A ratio as "1.23×", or "—" when not measured."""
+    return "—" if r is None else f"{r:.2f}×"
+
+
 def fmt(v: Optional[float], digits: int = 0) -> str:
     if v is None:
         return "—"

@@ -53,13 +53,13 @@ GOAL lines).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -68,6 +68,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from harness import (Results, Target, abort_fuse, compile_c, drop_caches, deb_version, fmt,  # noqa: E402
                      log, main_args, objects, ratio, rounds, sh, threaded, times)
+from swh_rpc import objstorage_server  # noqa: E402
 
 WORK = "/tmp/bench-winery"
 LOCATIONS = {"read": "read shards", "write": "write shards"}
@@ -187,18 +188,9 @@ class Bench:
         if method in ("pathslicing", "os-shardfs", "os-shardfs-batch") or method.startswith("rpc-"):
             from swh.objstorage.factory import get_objstorage
             backend = method.split("-")[1] if "-" in method else method
-            if method.startswith("rpc-"):
-                self.rpc = rpc_server(self.configs[backend])
-                st = get_objstorage("remote", url=self.rpc[1])
-                deadline = time.monotonic() + 60
-                while True:  # the server answers (its app loaded, the workers forked)
-                    try:
-                        st.check_config(check_write=False)
-                        break
-                    except Exception:
-                        if self.rpc[0].poll() is not None or time.monotonic() > deadline:
-                            raise RuntimeError(f"gunicorn did not start: {self.rpc[0].stderr.read()[-300:]}")
-                        time.sleep(0.1)
+            if method.startswith("rpc-"):  # answering: its app loaded, its workers forked
+                self.rpc = contextlib.ExitStack()
+                st = self.rpc.enter_context(objstorage_server(self.configs[backend], WORK))
             else:
                 st = get_objstorage(**self.configs[backend])
             for _ in range(4):  # the backend opened in every worker, connections made
@@ -236,9 +228,8 @@ class Bench:
         elif method in ("api-get", "api-batch", "psycopg", "os-shardfs", "os-shardfs-batch"):
             handle.close()
         elif method.startswith("rpc-"):
-            server, self.rpc = self.rpc[0], None
-            server.terminate()
-            server.wait(timeout=30)
+            stack, self.rpc = self.rpc, None
+            stack.close()
         elif method.startswith(("mount", "xargs")):
             self.mount.umount()
 
@@ -317,23 +308,6 @@ class Bench:
         extra = {"queries_per_object": (self.handle.db.queries - queries) / len(keys)} if queries is not None else {}
         return {"value": len(keys) / seconds, "mb_s": self.bytes[loc] / seconds / 1e6, "seconds": seconds,
                 "objects": len(keys), **extra}
-
-
-def rpc_server(config: dict):
-    """swh's objstorage RPC app for `config` under gunicorn: (process, url)."""
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    path = f"{WORK}/rpc-{config['cls']}.yml"
-    with open(path, "w") as f:
-        json.dump({"objstorage": config}, f)  # JSON is YAML
-    gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
-    proc = subprocess.Popen([gunicorn, "--preload", "-w", "2", "-b", f"127.0.0.1:{port}",
-                             "swh.objstorage.api.server:make_app_from_configfile()"],
-                            env=dict(os.environ, SWH_CONFIG_FILENAME=path), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    return proc, f"http://127.0.0.1:{port}/"
 
 
 def check_stream(got: str, expected: str) -> None:

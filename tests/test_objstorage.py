@@ -6,9 +6,7 @@ real winery deployment (tests/winery_deploy.py). Object ids are made by
 swh's hashing (`objid_for_content`: sha1, sha1_git, sha256, blake2s256).
 """
 import concurrent.futures
-import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +17,10 @@ from swh.objstorage.exc import ObjCorruptedError, ObjNotFoundError, ReadOnlyObjS
 from swh.objstorage.factory import get_objstorage
 from swh.objstorage.objstorage import objid_for_content
 from swh.objstorage.tests.objstorage_testing import ObjStorageTestFixture
+from swh_rpc import objstorage_server
 
 import shardfs
 from shardfs.objstorage import ConfigError
-
-SWH = os.path.join(os.path.dirname(sys.executable), "swh")
-
 
 def contents(tag: str, count: int) -> list:
     return [f"{tag} object {i} ".encode() * (i % 7 + 1) for i in range(count)]
@@ -185,41 +181,10 @@ def test_reads_after_a_fork(two_shards, tmp_path):
     storage.close()
 
 
-@contextlib.contextmanager
-def rpc_server(tmp_path, paths, command):
-    """swh's objstorage RPC server for a `cls: shardfs` config of `paths`,
-    started by `command(config_file, port)` -> (argv, env); yields a
-    `remote` client once it answers; stopped at the end."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = tmp_path / "objstorage.yml"
-    config.write_text("objstorage:\n  cls: shardfs\n  shards:\n"
-                      + "".join(f"    - {p}\n" for p in paths) + f"  cache_dir: {tmp_path / 'cache'}\n")
-    argv, env = command(config, port)
-    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        remote = get_objstorage("remote", url=f"http://127.0.0.1:{port}/")
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert remote.check_config(check_write=False)
-                break
-            except Exception:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"{argv[0]} did not start: {server.stderr.read().decode()[-800:]}")
-                time.sleep(0.2)
-        yield remote
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
-
-
 def test_swh_rpc_server_and_remote_client_and_multiplexer(two_shards, tmp_path):
     paths, data, ids = two_shards
-    serve = lambda config, port: ([SWH, "--config-file", str(config), "objstorage", "rpc-serve",  # noqa: E731
-                                   "--host", "127.0.0.1", "--port", str(port), "--no-debug"], None)
-    with rpc_server(tmp_path, paths, serve) as remote:
+    config = {"cls": "shardfs", "shards": paths, "cache_dir": str(tmp_path / "cache")}
+    with objstorage_server(config, tmp_path, "rpc-serve") as remote:
         missing = objid_for_content(b"not there")
         assert remote.get(ids[7]) == content_of(data, ids[7])
         assert ids[7] in remote and missing not in remote
@@ -317,10 +282,7 @@ def test_gunicorn_workers_forked_after_loading_the_app(two_shards, tmp_path):
     and the shardfs storage made once, then 2 workers forked): every
     object read right through both."""
     paths, data, ids = two_shards
-    gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
-    serve = lambda config, port: ([gunicorn, "--preload", "-w", "2", "-b", f"127.0.0.1:{port}",  # noqa: E731
-                                   "swh.objstorage.api.server:make_app_from_configfile()"],
-                                  dict(os.environ, SWH_CONFIG_FILENAME=str(config)))
-    with rpc_server(tmp_path, paths, serve) as remote:
+    config = {"cls": "shardfs", "shards": paths, "cache_dir": str(tmp_path / "cache")}
+    with objstorage_server(config, tmp_path, "gunicorn") as remote:
         for _ in range(3):  # requests land on both workers
             assert [remote.get(i) for i in ids] == [content_of(data, i) for i in ids]

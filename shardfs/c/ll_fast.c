@@ -66,8 +66,9 @@ struct ll_fast {
     int64_t dir_time_ns;
     int64_t applied;          /* the shard table sequence the handlers applied */
     const volatile int64_t *seq; /* the published sequence (shared memory), or NULL */
-    int64_t *stats;           /* [2]: lookups, index probes (shared memory) */
-    int64_t own_stats[2];
+    int64_t *stats;           /* [4]: lookups, index probes, objects pushed ahead,
+                                 pushes refused (shared memory) */
+    int64_t own_stats[4];
     /* Streams of reads in listing order (ll_fast_push_ahead), under
      * ahead_lock: several readers (find | xargs -P4) read several parts of
      * a listing at once. */
@@ -799,8 +800,13 @@ void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
             offs[i] = UINT64_MAX;
     }
     for (size_t i = 0; i < n; i++)
-        if (offs[i] != UINT64_MAX)
-            push(s, shard, ((uint64_t)(number + 1) << SFS_LL_OBJECT_SHIFT) | slots[i], offs[i], sizes[i]);
+        if (offs[i] != UINT64_MAX) {
+            /* refused: the kernel dropped the inode (it keeps a listed
+             * name's inode only while memory allows); its read READs */
+            int refused = push(s, shard, ((uint64_t)(number + 1) << SFS_LL_OBJECT_SHIFT) | slots[i], offs[i],
+                               sizes[i]) != 0;
+            __atomic_fetch_add(&f->stats[refused ? 3 : 2], 1, __ATOMIC_RELAXED);
+        }
     busy_add(open, -1);
 done:
     __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);

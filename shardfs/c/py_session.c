@@ -257,7 +257,8 @@ static int words_buffer(PyObject *obj, Py_buffer *view, size_t words, const char
  * requests are counted by kind (shared memory), else the session's own.
  * `seq`: the word where the coordinator publishes its shard table's
  * sequence (requests go to the handlers until they applied it); `stats`:
- * two words counting the lookups and index probes answered in C. Returns
+ * four words counting the lookups and index probes answered in C, the
+ * objects pushed ahead and the pushes the kernel refused (ll_fast.c). Returns
  * libfuse's status (0: unmounted). */
 static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
 {
@@ -284,7 +285,7 @@ static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
     }
     if (seq != Py_None && words_buffer(seq, &self->seq_view, 1, "seq") < 0)
         return NULL;
-    if (stats != Py_None && words_buffer(stats, &self->stats_view, 2, "stats") < 0)
+    if (stats != Py_None && words_buffer(stats, &self->stats_view, 4, "stats") < 0)
         return NULL;
     self->fast = ll_fast_new(self->seq_view.obj ? self->seq_view.buf : NULL,
                              self->stats_view.obj ? self->stats_view.buf : NULL);

@@ -176,6 +176,13 @@ class RequestHooks:
         """(lookups, index probes) made by the shard set since the mount."""
         return (self.shards.lookups, self.shards.probes)
 
+    def pushes(self) -> Tuple[int, int]:
+        """(objects pushed into the kernel's page cache ahead of their
+        reads, pushes the kernel refused: it no longer had the inode)
+        since the mount; counted by the C request path of worker processes
+        only (0, 0 here)."""
+        return (0, 0)
+
     def per_process(self) -> List[int]:
         """Requests served by each process serving the mount."""
         return [sum(self.counts.values())]
@@ -663,15 +670,21 @@ class ShardFS:
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the shard set: shards served, sidecars ready,
-        lookups and index probes made by them, objects in the headers, and
-        the requests served by each worker process (a list)."""
+        lookups and index probes made by them, objects in the headers,
+        objects pushed into the kernel's page cache ahead of a reader in
+        listing order and pushes the kernel refused (it had dropped the
+        inode: that object is READ instead), and the requests served by
+        each worker process (a list)."""
         served = self.shards.served()
         lookups, probes = self.hooks.lookups()
+        pushed, refused = self.hooks.pushes()
         return {
             "shards": len(served),
             "sidecars": sum(1 for m in served if m.sidecar_dir is not None),
             "lookups": lookups,
             "index_probes": probes,
+            "pushed": pushed,
+            "push_refused": refused,
             "objects": sum(m.objects_count for m in served),
             "workers": self.hooks.per_process(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,

@@ -13,7 +13,8 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
 * A **row per worker position** (a replacement worker takes over the row of
   the one it replaces): requests served by kind (counted by the C request
   path of every thread of the worker, atomically), the shard set's lookups
-  and index probes.
+  and index probes, objects pushed ahead into the kernel's page cache and
+  pushes the kernel refused.
 * **A ring of inodes per worker position**, for objects read from a winery
   database (`shardfs.fuse.winery`): such an object has no shard slot to
   name it, so the worker that first answers for it gives it the next
@@ -55,8 +56,11 @@ _HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes
 SEQ = 0
 _TABLE_LEN = 1
 ROW_WORDS = 64
-# Row layout.
-LOOKUPS, PROBES, RING_NEXT = 2, 3, 4
+# Row layout: LOOKUPS..PUSH_REFUSED are the words the C request path
+# counts in (shardfs/c/ll_fast.c: lookups, index probes, objects pushed
+# into the kernel's page cache ahead of their reads, pushes the kernel
+# refused).
+LOOKUPS, PROBES, PUSHED, PUSH_REFUSED, RING_NEXT = 2, 3, 4, 5, 6
 KINDS = 8
 
 
@@ -148,6 +152,12 @@ class SharedState:
         """(lookups, index probes) over every worker."""
         rows = [self.row(p) for p in range(self.workers)]
         return (sum(self.words[r + LOOKUPS] for r in rows), sum(self.words[r + PROBES] for r in rows))
+
+    def pushes(self) -> Tuple[int, int]:
+        """(objects pushed ahead of their reads into the kernel's page
+        cache, pushes the kernel refused) over every worker."""
+        rows = [self.row(p) for p in range(self.workers)]
+        return (sum(self.words[r + PUSHED] for r in rows), sum(self.words[r + PUSH_REFUSED] for r in rows))
 
     # ------------------------------------------------------------- rings
 

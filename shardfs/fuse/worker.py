@@ -39,7 +39,7 @@ from typing import Any, Dict
 
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.shardset import MountedShard, ShardSet
-from shardfs.fuse.shared import LOOKUPS, PROBES, SEQ, SharedState
+from shardfs.fuse.shared import LOOKUPS, PROBES, PUSH_REFUSED, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -95,6 +95,9 @@ class WorkerHooks(RequestHooks):
 
     def lookups(self) -> "tuple[int, int]":
         return self.state.lookups()
+
+    def pushes(self) -> "tuple[int, int]":
+        return self.state.pushes()
 
     def per_process(self) -> "list[int]":
         return self.state.per_position()
@@ -218,7 +221,7 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
         log.debug("worker %d (position %d) serving with up to %d threads", os.getpid(), position, threads)
         row = state.row(position)
         rc = session.serve(threads, counts=state.counts(position), seq=state.words[SEQ:SEQ + 1],
-                           stats=state.words[row + LOOKUPS:row + PROBES + 1])
+                           stats=state.words[row + LOOKUPS:row + PUSH_REFUSED + 1])
         status = 0 if rc == 0 else 1
         if fs.winery is not None:
             fs.winery.close()  # this worker's database connections

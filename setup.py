@@ -27,7 +27,7 @@ extension = Extension(
     # The C core, then the Python binding: module.c (the module) and one
     # py_*.c file per type (py_module.h).
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
-             "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c",
+             "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c", "shardfs/c/hashindex.c",
              "shardfs/c/guard.c", "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
              "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h",

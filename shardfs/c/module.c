@@ -152,6 +152,19 @@ static PyMethodDef module_functions[] = {
      "shard indices of that level to keep (others are dropped). The new shard table holds the "
      "kept identities once each, in order of first appearance. CorruptShardError when a "
      "level's entries are damaged; OSError on I/O errors."},
+    {"build_hash_indexes", (PyCFunction)(void (*)(void))build_hash_indexes, METH_VARARGS | METH_KEYWORDS,
+     "build_hash_indexes(reader, identity32, sha1_path=None, sha1_git_path=None, progress=None): hash "
+     "every live object of the shard once (read in file order with pread) and write the hash index "
+     "of each kind given a path (temporary file, fdatasync, rename). progress(bytes_hashed) is "
+     "called about every 64 MiB; an exception it raises (or a signal's) stops the build, nothing "
+     "written. OSError when the shard cannot be read or a file written; CorruptShardError."},
+    {"write_hash_index", (PyCFunction)(void (*)(void))write_hash_index, METH_VARARGS | METH_KEYWORDS,
+     "write_hash_index(path, kind, identity32, slot_count, digests, slots): write a hash index "
+     "(kind 1 sha1, 2 sha1_git) from 20-byte digests (concatenated) and their slots (native u32, "
+     "array('I')), in any order. ValueError for a slot >= slot_count; OSError."},
+    {"hash_slot", (PyCFunction)hash_slot, METH_VARARGS,
+     "hash_slot(reader, slot, kind) -> bytes20 or None: the sha1 (kind 1) or sha1_git (kind 2) of "
+     "the object in a slot, None when the slot is empty or deleted. OSError, CorruptShardError."},
     {NULL},
 };
 
@@ -177,7 +190,8 @@ PyMODINIT_FUNC PyInit__shardfs(void)
     if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&WriterType) < 0 ||
         PyType_Ready(&SidecarType) < 0 || PyType_Ready(&SidecarSetType) < 0 ||
         PyType_Ready(&GlobalIndexType) < 0 || PyType_Ready(&OpenShardsType) < 0 ||
-        PyType_Ready(&SessionType) < 0 || PyType_Ready(&DirBufferType) < 0)
+        PyType_Ready(&SessionType) < 0 || PyType_Ready(&DirBufferType) < 0 ||
+        PyType_Ready(&HashIndexType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
@@ -198,6 +212,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddObject(m, "OpenShards", (PyObject *)&OpenShardsType) < 0 ||
         PyModule_AddObject(m, "Session", (PyObject *)&SessionType) < 0 ||
         PyModule_AddObject(m, "DirBuffer", (PyObject *)&DirBufferType) < 0 ||
+        PyModule_AddObject(m, "HashIndex", (PyObject *)&HashIndexType) < 0 ||
         PyModule_AddIntConstant(m, "GINDEX_PREFIX_BITS", SFS_GINDEX_PREFIX_BITS) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_END", SFS_HEADER_END) < 0 ||
         PyModule_AddIntConstant(m, "KEY_SIZE", SFS_KEY_SIZE) < 0 ||

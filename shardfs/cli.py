@@ -28,7 +28,7 @@ import stat
 import sys
 import threading
 import time
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger("shardfs")
 
@@ -480,21 +480,39 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _get_keys(texts: List[str]) -> List[bytes]:
+def parse_digest(text: str, name: str) -> bytes:
+    """A sha1 or sha1_git given on the command line: 40 hexadecimal digits
+    (any case), or for sha1_git a content SWHID (``swh:1:cnt:<40 hex>``).
+    Raises UsageError for anything else."""
+    from shardfs import hashes
+
+    if name == "sha1_git":
+        found = hashes.parse_swhid(text)
+        if found is not None:
+            return found
+    try:
+        return hashes.parse_digest(text)
+    except ValueError:
+        also = " or a SWHID swh:1:cnt:<40 hex>" if name == "sha1_git" else ""
+        raise UsageError(f"{text!r}: not a {name} (expected 40 hexadecimal digits{also})") from None
+
+
+def _get_keys(texts: List[str], parse: Callable[[str], bytes] = parse_key) -> List[bytes]:
     """The keys of ``get``: each KEY, and for ``-`` the lines of stdin (one
-    key per line; blank lines and surrounding spaces ignored), in order.
-    Raises UsageError naming a malformed stdin line by its number."""
+    key per line; blank lines and surrounding spaces ignored), in order,
+    each read by `parse`. Raises UsageError naming a malformed stdin line
+    by its number."""
     keys: List[bytes] = []
     for text in texts:
         if text != "-":
-            keys.append(parse_key(text))
+            keys.append(parse(text))
             continue
         for number, line in enumerate(sys.stdin, 1):
             line = line.strip()
             if not line:
                 continue
             try:
-                keys.append(parse_key(line))
+                keys.append(parse(line))
             except UsageError as exc:
                 raise UsageError(f"stdin line {number}: {exc}") from None
     return keys
@@ -541,8 +559,13 @@ def _umask() -> int:
 
 def cmd_get(args: argparse.Namespace) -> int:
     """Write the objects' bytes, in the order given, to stdout (or with -o,
-    each to DIR/<key>)."""
-    keys = _get_keys(args.keys)
+    each to DIR/<key>). With --hash, the keys are sha1 or sha1_git digests
+    found through the shard's hash index."""
+    name = args.hash
+    if name is not None:
+        keys = _get_keys(args.keys, functools.partial(parse_digest, name=name))
+    else:
+        keys = _get_keys(args.keys)
     directory = args.output_dir
     if directory is not None:
         try:
@@ -554,10 +577,11 @@ def cmd_get(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     missing = 0
     with _open_shard(args.shard) as s:
+        locate = s.locate if name is None else _hash_locator(s, name, args.cache_dir, args.shard)
         bar = _progress_bar(total=len(keys), unit="obj", desc="get") if directory is not None else None
         try:
             for key in keys:
-                where = s.locate(key)
+                where = locate(key)
                 if where is None:
                     missing += 1
                     report(f"{key.hex()}: not found in {args.shard}")
@@ -575,6 +599,67 @@ def cmd_get(args: argparse.Namespace) -> int:
                 bar.close()
     out.flush()
     return EXIT_FAILURE if missing else EXIT_OK
+
+
+def _hash_locator(s, name: str, cache_dir: Optional[str], path: str) -> Callable[[bytes], Optional[Tuple[int, int]]]:
+    """``digest -> (data_offset, size) or None`` through shard `s`'s `name`
+    index (each object hashed again before it is given). Failure when the
+    shard has none."""
+    from shardfs import hashes
+
+    index = hashes.open_index(s, name, cache_dir)
+    if index is None:
+        raise Failure(f"{path}: no {name} index: build it with 'shardfs index --hashes {name} {path}'")
+
+    def locate(digest: bytes) -> Optional[Tuple[int, int]]:
+        found = hashes.find(s, index, digest)
+        return None if found is None else found[1:]
+
+    return locate
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """Build (or import from a mapping) the hash indexes of shards."""
+    from shardfs import hashes
+
+    try:
+        names = hashes.parse_names(args.hashes)
+    except ValueError as exc:
+        raise UsageError(f"--hashes: {exc}") from None
+    shards = [_open_shard(path) for path in args.shards]
+    try:
+        if args.mapping is not None:
+            return _import_mapping(args, shards, names)
+        for path, s in zip(args.shards, shards):
+            total = s.header.objects_size
+            with _progress_bar(total=total, unit="B", unit_scale=True, desc=os.path.basename(path)) as bar:
+                def progress(done: int, bar=bar) -> None:
+                    bar.update(done - bar.n)
+
+                built = hashes.build(s, names, args.cache_dir, progress=progress, force=args.force)
+            print(f"{path}: {', '.join(names)} indexed" + ("" if built else " (already)"))
+    finally:
+        for s in shards:
+            s.close()
+    return EXIT_OK
+
+
+def _import_mapping(args: argparse.Namespace, shards, names) -> int:
+    from shardfs import hashes
+
+    try:
+        stream = sys.stdin if args.mapping == "-" else open(args.mapping, newline="", encoding="ascii")
+    except OSError as exc:
+        raise Failure(describe_oserror(exc)) from None
+    with stream, _progress_bar(unit=" rows", desc="mapping") as bar:
+        try:
+            counts = hashes.import_mapping(shards, hashes.read_mapping(stream, names), names, args.cache_dir,
+                                           progress=lambda n: bar.update(n - bar.n))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Failure(f"{args.mapping}: {exc}") from None
+    print(f"{args.mapping}: {counts['rows']} rows, {counts['found']} of the shards' {counts['objects']} objects "
+          f"indexed by {', '.join(names)}")
+    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -923,6 +1008,47 @@ def _add_get_parser(command) -> None:
     p.add_argument("keys", metavar="KEY", nargs="+", help="a key, or - for keys read from stdin")
     p.add_argument("-o", "--output-dir", metavar="DIR",
                    help="write each object to DIR/<key> (DIR created if missing) instead of stdout")
+    p.add_argument("--hash", metavar="NAME", choices=("sha1", "sha1_git"),
+                   help="the KEYs are this hash of the objects (sha1 or sha1_git: 40 hexadecimal "
+                        "digits; sha1_git also as a SWHID swh:1:cnt:...), found through the "
+                        "shard's index ('shardfs index')")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="where the hash indexes are (default: $SHARDFS_CACHE_DIR, else ~/.cache/shardfs)")
+
+
+def _add_index_parser(command) -> None:
+    """``shardfs index``: `command(func, help, description, examples)` adds it."""
+    p = command(
+        cmd_index,
+        "index shards by sha1 and sha1_git",
+        "Build each shard's indexes by the hashes named with --hashes: sha1 (SHA-1\n"
+        "of the bytes) and sha1_git (git's blob hash, which a content SWHID\n"
+        "swh:1:cnt:<hex> names), so that 'shardfs get --hash' and mounts with\n"
+        "-o hashes=... find objects by them. Every object is read once, in file\n"
+        "order; an index that exists already is kept (--force builds it again).\n"
+        "The indexes go to the cache directory, next to the shards' sidecars\n"
+        "(8 bytes per object and hash), written whole: an interrupted build leaves\n"
+        "nothing.\n"
+        "\n"
+        "--mapping FILE reads the digests from a CSV or TSV file ('-': stdin)\n"
+        "whose header names a sha256 column and one per hash, such as an export\n"
+        "of Software Heritage's content table, instead of reading the objects.\n"
+        "Rows are not trusted: an object is hashed again whenever it is found\n"
+        "by sha1 or sha1_git, so a wrong row can hide an object, never serve\n"
+        "another one.",
+        "  shardfs index --hashes sha1,sha1_git my.shard\n"
+        "  shardfs index --hashes sha1_git /srv/shards/*.shard\n"
+        "  shardfs index --hashes sha1,sha1_git --mapping content.csv /srv/shards/*.shard\n",
+    )
+    p.add_argument("shards", metavar="SHARD", nargs="+")
+    p.add_argument("--hashes", metavar="NAMES", required=True,
+                   help="the hashes to index by, comma-separated: sha1, sha1_git")
+    p.add_argument("--mapping", metavar="FILE",
+                   help="take the digests from FILE's rows (CSV or TSV, columns sha256 and each hash) "
+                        "instead of reading the objects")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="where the indexes go (default: $SHARDFS_CACHE_DIR, else ~/.cache/shardfs)")
+    p.add_argument("--force", action="store_true", help="build indexes that exist already again")
 
 
 def _add_check_parser(command) -> None:
@@ -1056,7 +1182,8 @@ def _add_umount_parser(command) -> None:
 #: one's parser.
 _COMMAND_PARSERS = {
     "create": _add_create_parser, "info": _add_info_parser, "ls": _add_ls_parser,
-    "get": _add_get_parser, "check": _add_check_parser, "delete": _add_delete_parser,
+    "get": _add_get_parser, "index": _add_index_parser, "check": _add_check_parser,
+    "delete": _add_delete_parser,
     "mount": _add_mount_parser, "umount": _add_umount_parser,
 }
 COMMANDS = tuple(_COMMAND_PARSERS)

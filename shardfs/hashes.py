@@ -248,3 +248,124 @@ def import_mapping(shards: Sequence[Shard], rows: Iterable[Tuple[bytes, Dict[str
             write_hash_index(index_path(cache_dir, identities[i], name), KINDS[name], identities[i],
                              shard.slot_count, bytes(digests[i][name]), slots[i])
     return {"rows": total, "found": found, "objects": sum(len(s) for s in shards)}
+
+
+# ------------------------------------------------------------------ shard sets
+
+
+class HashSet:
+    """The objects of a `shardfs.shardset.ShardSet` found by the hashes
+    `names` (a mount's ``-o hashes=``): which served shards have an index
+    by each (`MountedShard.hashes`), their indexes opened when first used,
+    and `find`.
+
+    A shard without an index by a hash is not searched for it: its objects
+    are not found by that hash until the index is built (`pending` lists
+    them; a mount's builder builds them in the background) or imported.
+    Used by one thread at a time, as its set.
+    """
+
+    def __init__(self, shards, names: Sequence[str]) -> None:
+        self.shards = shards
+        self.names = tuple(names)
+        self._open: Dict[Tuple[int, str], HashIndex] = {}
+        #: Object bytes hashed so far by the build running, and its total.
+        self.progress: Tuple[int, int] = (0, 0)
+
+    def directories(self) -> List[str]:
+        """Where indexes are looked for: the set's sidecar directory (a
+        private one once the cache directory failed), then the cache
+        directory."""
+        return list(dict.fromkeys([self.shards.sidecar_dir, self.shards.cache_dir]))
+
+    def scan(self, members: Optional[Iterable] = None) -> int:
+        """Mark in each of `members` (default: every served shard) the
+        hashes it has a usable index by; returns how many gained one."""
+        gained = 0
+        for member in self.shards.served() if members is None else members:
+            if member.removed or not member.identity or set(member.hashes) >= set(self.names):
+                continue
+            have = tuple(n for n in self.names if n in member.hashes or self._exists(member, n))
+            if have != member.hashes:
+                member.hashes = have
+                gained += 1
+        return gained
+
+    def _exists(self, member, name: str) -> bool:
+        for directory in self.directories():
+            if os.path.exists(index_path(directory, member.identity, name)):
+                return True
+        return False
+
+    def pending(self) -> List:
+        """Served shards that lack an index by one of `names` (and whose
+        build did not fail), by number."""
+        return [m for m in self.shards.served()
+                if m.identity and not m.hashes_failed and not set(self.names) <= set(m.hashes)]
+
+    def index_of(self, member, name: str) -> Optional[HashIndex]:
+        """`member`'s index by `name`, opened now if needed; None when it
+        has none (or it is damaged: logged, and the shard is no longer
+        searched by that hash)."""
+        found = self._open.get((member.number, name))
+        if found is not None or name not in member.hashes:
+            return found
+        for directory in self.directories():
+            try:
+                found = HashIndex(index_path(directory, member.identity, name), member.identity, member.slot_count)
+                break
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except (StaleSidecarError, OSError) as exc:
+                log.warning("%s: %s index unusable, not searched by %s: %s", member.path, name, name, exc)
+                break
+        if found is None:
+            member.hashes = tuple(n for n in member.hashes if n != name)
+            return None
+        self._open[(member.number, name)] = found
+        return found
+
+    def find(self, name: str, digest_: bytes) -> Optional[Tuple[object, int, int, int]]:
+        """The first served shard (by number) holding an object whose
+        `name` digest is `digest_` (20 bytes), as (shard, slot,
+        data_offset, size), or None. Each candidate object is hashed again
+        before it is answered (module docstring). A shard that cannot be
+        opened or read is logged and skipped."""
+        if name not in self.names:
+            return None
+        for member in self.shards.served():
+            if name not in member.hashes:
+                continue
+            index = self.index_of(member, name)
+            if index is None:
+                continue
+            try:
+                found = index.find(self.shards.open_shard(member).reader, digest_)
+            except (OSError, ShardError) as exc:
+                log.warning("%s: looking up a %s: %s", member.path, name, exc)
+                continue
+            if found is not None:
+                return (member, found[0], found[1], found[2])
+        return None
+
+    def forget(self, member) -> None:
+        """Close `member`'s indexes (it is no longer served)."""
+        for name in self.names:
+            index = self._open.pop((member.number, name), None)
+            if index is not None:
+                index.close()
+
+    def close(self) -> None:
+        for index in self._open.values():
+            index.close()
+        self._open.clear()
+
+    def stats(self) -> Dict[str, object]:
+        """For the stats xattr: per hash, the served shards indexed by it;
+        the shards still to index; the bytes hashed of the build running,
+        and its total."""
+        served = self.shards.served()
+        out: Dict[str, object] = {n: sum(1 for m in served if n in m.hashes) for n in self.names}
+        out["pending"] = len(self.pending())
+        out["hashed_bytes"], out["hashing_bytes"] = self.progress
+        return out

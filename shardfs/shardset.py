@@ -103,6 +103,11 @@ class MountedShard:
     filter: object = None
     #: Why the last open failed (logged once), None after a success.
     error: Optional[str] = None
+    #: The hashes (`shardfs.hashes.HASH_NAMES`) it has an index by, in
+    #: its set's `sidecar_dir` or `cache_dir` (`shardfs.hashes.HashSet`).
+    hashes: Tuple[str, ...] = ()
+    #: A hash index build of it failed: not tried again in this mount.
+    hashes_failed: bool = False
     owner: Optional["ShardSet"] = field(default=None, repr=False)
 
     @property
@@ -300,6 +305,9 @@ class ShardSet:
         #: the mount keeps one: an indexed shard is found through it, the
         #: others through their own filters.
         self.index = None
+        #: Objects found by sha1 and sha1_git (`shardfs.hashes.HashSet`),
+        #: when the set is asked to (a mount's ``-o hashes=``).
+        self.hashes = None
         #: (version, shards in `filters`): filters are skipped when empty.
         self._filtered = (-1, 0)
         #: (version, `served()` then).
@@ -494,6 +502,8 @@ class ShardSet:
         self.filters.remove(member.number)
         if self.index is not None:
             self.index.detach(member.number)
+        if self.hashes is not None:
+            self.hashes.forget(member)
         if self.by_path.get(member.path) is member:
             del self.by_path[member.path]
         log.info("shard %s (number %d) removed", member.path, member.number)
@@ -517,6 +527,8 @@ class ShardSet:
                 if item is not None:
                     item.close()
             member.held = member.filter = None
+        if self.hashes is not None:
+            self.hashes.close()
         self.open_table.clear()
         self.open_shards.clear()
         self.open_sidecars.clear()

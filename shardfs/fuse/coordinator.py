@@ -886,9 +886,11 @@ class Coordinator:
             {"number": m.number, "path": m.path, "ident": m.ident, "objects_count": m.objects_count,
              "slot_count": m.slot_count, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
              "removed": m.removed, "fd": m.held.fileno() if m.held is not None else None,
-             "sidecar_dir": m.sidecar_dir, "live_count": m.live_count}
+             "sidecar_dir": m.sidecar_dir, "live_count": m.live_count, "hashes": list(m.hashes)}
             for _, m in sorted(self.shards.shards.items())
         ]}
+        if self.shards.hashes is not None:
+            table["hashing"] = list(self.shards.hashes.progress)
         if self.shards.index is not None:
             table["index"] = self.shards.index.names()
         if self.catalog is not None:
@@ -974,7 +976,9 @@ class Coordinator:
         if index is not None and not self._index_failed:
             unindexed = [m for m in self.shards.served()
                          if not m.indexed and m.identity and m.number not in self._index_tried]
-        if not todo and not unindexed:
+        hashes = self.shards.hashes
+        unhashed = hashes.pending() if hashes is not None else []
+        if not todo and not unindexed and not unhashed:
             self._idle_at = self.shards.version  # nothing to do until the set changes
             return
         directory = self.shards.sidecar_dir
@@ -1012,6 +1016,8 @@ class Coordinator:
                     except Exception as exc:
                         log.warning("%s: cannot build its sidecar, probing it directly: %s", member.path, exc)
                     os.write(w, b"%s %d\n" % (word.encode(), member.number))
+                for member in unhashed:
+                    _build_hashes(member, hashes.names, directory, w)
             finally:
                 os._exit(0)
         os.close(w)
@@ -1039,7 +1045,19 @@ class Coordinator:
         *lines, b["partial"] = data.split(b"\n")
         published = False
         for line in lines:
-            word, number = line.split()
+            word, number, *more = line.split()
+            if word == b"hashing":
+                self.shards.hashes.progress = (int(more[0]), int(more[1]))
+                self._publish_later()
+                continue
+            if word in (b"hashed", b"hash_failed"):
+                member = self.shards.get(int(number))
+                self.shards.hashes.progress = (0, 0)
+                if member is not None and not member.removed:
+                    if word == b"hash_failed" or not self.shards.hashes.scan([member]):
+                        member.hashes_failed = True  # not tried again in this mount
+                    self._publish_later()
+                continue
             if word in (b"index", b"index_failed"):
                 if word == b"index_failed":
                     self._index_failed = True  # the shards keep their own filters
@@ -1088,3 +1106,33 @@ class Coordinator:
             self.state.close()
             self.state = None
         self.fs.close()
+
+
+def _build_hashes(member: MountedShard, names: Sequence[str], directory: str, report_fd: int) -> None:
+    """In the builder: build `member`'s hash indexes by `names` in
+    `directory` (`shardfs.hashes.build`), reporting "hashing NUMBER DONE
+    TOTAL" (object bytes hashed) at most twice a second, then "hashed
+    NUMBER" or "hash_failed NUMBER" (logged) on `report_fd`."""
+    from shardfs import hashes as hashes_mod
+
+    shard = member.shard
+    total = shard.header.objects_size
+    told = [0.0]
+
+    def progress(done: int) -> None:
+        now = time.monotonic()
+        if now - told[0] >= 0.5:
+            told[0] = now
+            os.write(report_fd, b"hashing %d %d %d\n" % (member.number, done, total))
+
+    started = time.monotonic()
+    log.info("%s: indexing by %s (%d bytes to hash)", member.path, ", ".join(names), total)
+    try:
+        hashes_mod.build(shard, names, directory, progress=progress)
+    except Exception as exc:
+        log.warning("%s: cannot index it by %s: %s", member.path, ", ".join(names), exc)
+        os.write(report_fd, b"hash_failed %d\n" % member.number)
+        return
+    log.info("%s: indexed by %s in %.1f s", member.path, ", ".join(names), time.monotonic() - started)
+    os.write(report_fd, b"hashed %d\n" % member.number)
+

@@ -61,8 +61,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from shardfs import sidecar as sidecar_mod
-from shardfs.fuse.layout import (OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode, split_db_inode,
-                                 split_object_inode)
+from shardfs.fuse.layout import (HASH_DIR_INODES, OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode,
+                                 split_db_inode, split_object_inode)
+from shardfs.hashes import DIGEST_SIZE, parse_swhid
 from shardfs.shardset import MountedShard, ShardSet
 from shardfs.shard import KEY_SIZE
 from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped
@@ -265,6 +266,9 @@ class ShardFS:
         self._listings = _Cache(LISTING_CACHE_SIZE)
         #: (what it was made from, the tuple): see `fast_state`.
         self._fast: Tuple[Any, Any] = (None, None)
+        #: Inode -> hash name of the directories of names by another hash.
+        self._hash_dirs: Dict[int, str] = {HASH_DIR_INODES[n]: n for n in shards.hashes.names} \
+            if shards.hashes is not None else {}
 
     def close(self) -> None:
         """Drop what the filesystem caches itself (the set is the caller's)."""
@@ -376,7 +380,22 @@ class ShardFS:
         return entry[0], loc.size
 
     def _split_dir(self, inode: int) -> Optional[Tuple[int, int]]:
+        """(depth, prefix) of a directory inode of the layout, (-1, 0) for
+        a directory of names by another hash, None for anything else."""
+        if inode in self._hash_dirs:
+            return (-1, 0)
         return self.layout.split_dir_inode(inode)
+
+    def _lookup_hash(self, name: str, digest: bytes) -> Optional[Entry]:
+        """The entry of the object whose `name` digest is `digest`: the
+        inode of its slot, as under its key (`shardfs.hashes.HashSet.find`
+        hashes it again first)."""
+        found = self.shards.hashes.find(name, digest)
+        if found is None:
+            return None
+        member, slot, data_offset, size = found
+        member.shard.prefetch(data_offset, size, PREFETCH_BYTES)
+        return self._file_attr(object_inode(member.number, slot), size, member)
 
     # --------------------------------------------------------- name space
 
@@ -397,6 +416,20 @@ class ShardFS:
         depth, prefix = where
         if name == b".":
             return self._dir_attr(parent_inode)
+        if depth < 0:  # MOUNT/sha1 or MOUNT/sha1_git
+            if name == b"..":
+                return self._dir_attr(ROOT_INODE)
+            if len(name) != 2 * DIGEST_SIZE or not _HEX_DIGITS.issuperset(name):
+                return None
+            return self._lookup_hash(self._hash_dirs[parent_inode], bytes.fromhex(name.decode("ascii")))
+        if depth == 0 and self._hash_dirs:
+            text = name.decode("ascii", "replace")
+            if text in self.shards.hashes.names:
+                return self._dir_attr(HASH_DIR_INODES[text])
+            if "sha1_git" in self.shards.hashes.names:
+                digest = parse_swhid(text)
+                if digest is not None:
+                    return self._lookup_hash("sha1_git", digest)
         if name == b"..":
             if depth <= 1:
                 return self._dir_attr(ROOT_INODE)
@@ -627,6 +660,8 @@ class ShardFS:
         """
         if self._split_dir(inode) is None:
             raise FUSEError(errno.ENOTDIR)
+        if inode in self._hash_dirs:
+            return  # names found by lookup only
         flat = self.layout.is_flat and inode == ROOT_INODE
         while True:
             entries = self._entries(inode, start_id)
@@ -688,6 +723,7 @@ class ShardFS:
             "objects": sum(m.objects_count for m in served),
             "workers": self.hooks.per_process(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,
+            "hashes": self.shards.hashes.stats() if self.shards.hashes is not None else None,
         }
 
     @_handler

@@ -18,7 +18,10 @@ where L_j is the prefix length at depth j; an object has inode
 ``(shard number + 1) << 32 | slot``, stable across remounts of the same
 shards in the same order. An object read from a winery database (no
 shard slot) has inode ``1 << 62 | worker position << 48 | n``, n being its
-entry in that worker's inode ring (`shardfs.fuse.shared`).
+entry in that worker's inode ring (`shardfs.fuse.shared`). The directories
+``MOUNT/sha1`` and ``MOUNT/sha1_git`` of a mount with ``-o hashes=`` have
+the inodes `HASH_DIR_INODES`, just below the objects' (above any fan-out
+directory's); the objects in them have their usual inodes.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ MAX_PREFIX_HEX = 7
 DEFAULT_SLICING = "0:2/2:4"
 
 _SLICE = re.compile(r"^(\d+):(\d+)$")
+
+
+#: Inodes of the directories of names by another hash (``MOUNT/sha1``,
+#: ``MOUNT/sha1_git``; `shardfs.hashes`).
+HASH_DIR_INODES = {"sha1": (1 << OBJECT_SHIFT) - 3, "sha1_git": (1 << OBJECT_SHIFT) - 2}
 
 
 def object_inode(number: int, slot: int) -> int:

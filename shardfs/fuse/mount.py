@@ -183,7 +183,7 @@ def check_mountpoint(mountpoint: str) -> str:
 #: ``-o`` options shardfs reads itself (never given to libfuse):
 #: owner of every file, layout, slicing, sidecar cache directory, number
 #: of worker processes.
-OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "winery_pools_dir")
+OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "winery_pools_dir", "hashes")
 
 #: Options mount(8) and mount.fuse3 pass by default (``rw,dev,suid`` for
 #: an fstab line with ``defaults``), accepted and ignored when shardfs runs
@@ -512,6 +512,14 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
     layout = layout or own.get("layout") or default_layout
     slicing = slicing or own.get("slicing")
     check_layout(layout, slicing)
+    hashes = own.get("hashes")
+    if hashes is not None:
+        from shardfs.hashes import parse_names
+
+        try:
+            hashes = ":".join(parse_names(hashes, sep=":"))
+        except ValueError as exc:
+            raise _shard_error(f"mount option hashes={hashes}: {exc} (several: hashes=sha1:sha1_git)") from None
     return {
         "layout": layout,
         "slicing": slicing,
@@ -519,6 +527,7 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
         "uid": int(own["uid"]) if "uid" in own else None,
         "gid": int(own["gid"]) if "gid" in own else None,
         "workers": workers or (int(own["workers"]) if "workers" in own else None),
+        "hashes": hashes,
     }
 
 
@@ -527,6 +536,7 @@ def _serve_foreground(shards: "ShardSet", mountpoint: str, options: List[str], s
     """Serve `shards` in this process (`serve`) until unmounted, then close
     them; returns the exit status."""
     try:
+        use_hashes(shards, settings["hashes"])
         layout = choose_layout(settings["layout"], settings["slicing"], shards)
         return serve(shards, mountpoint, options, layout, settings["uid"], settings["gid"],
                      workers=settings["workers"], winery=winery)
@@ -557,6 +567,19 @@ def _mount_winery(dsn: str, mountpoint: str, foreground: bool, options: Optional
     shards, catalog, view = open_winery(dsn, pools_dir, settings["cache_dir"])
     shards.followed = True
     return _serve_foreground(shards, mp, opts, settings, winery=(catalog, view))
+
+
+def use_hashes(shards: "ShardSet", hashes: Optional[str]) -> None:
+    """Find the objects of `shards` by the hashes named in `hashes` too
+    (``"sha1:sha1_git"``; None: by their keys only): the indexes already
+    in the cache directory are used at once, the others built by the
+    mount's builder (`shardfs.hashes.HashSet`)."""
+    if not hashes:
+        return
+    from shardfs.hashes import HashSet, parse_names
+
+    shards.hashes = HashSet(shards, parse_names(hashes, sep=":"))
+    shards.hashes.scan()
 
 
 def _default_cache_dir() -> str:
@@ -692,6 +715,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--uid", type=int)
     parser.add_argument("--gid", type=int)
     parser.add_argument("--workers", type=int)
+    parser.add_argument("--hashes")
     parser.add_argument("--winery-stdin", action="store_true", help="read a winery DSN on stdin")
     parser.add_argument("--winery-pools-dir")
     parser.add_argument("--debug", action="store_true")
@@ -723,6 +747,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         try:
             check_mountpoint(args.mountpoint)
+            use_hashes(shards, args.hashes)
             layout = choose_layout(args.layout, args.slicing, shards)
         except Exception as exc:
             _report(ready_fd, f"error: {exc}")

@@ -151,6 +151,7 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
                 number, entry["path"], tuple(entry["ident"]), entry["objects_count"], entry["slot_count"],
                 entry["extent"], entry["mtime"], identity=bytes.fromhex(entry["identity"])))
         member.live_count = entry["live_count"]
+        member.hashes = tuple(entry.get("hashes", ()))
         if entry["fd"] is not None:
             member.source = "/proc/%d/fd/%d" % (coordinator, entry["fd"])
         if entry["removed"]:
@@ -166,6 +167,8 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
             shards.discard(member)
     if "index" in table:
         shards.reload_index(table["index"])
+    if shards.hashes is not None and "hashing" in table:
+        shards.hashes.progress = tuple(table["hashing"])
 
 
 def clone_session_fd(session_fd: int) -> None:

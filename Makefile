@@ -7,7 +7,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-APT_PACKAGES := libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
+APT_PACKAGES := git libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
 	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools erofs-utils time \
 	postgresql libpq-dev libsystemd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

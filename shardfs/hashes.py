@@ -156,8 +156,7 @@ def build(shard: Shard, names: Sequence[str], cache_dir: Optional[str] = None,
         return []
     sidecar._makedirs_private(cache_dir)
     paths = {name: index_path(cache_dir, identity, name) for name in todo}
-    build_hash_indexes(shard.reader, identity, sha1_path=paths.get("sha1"), sha1_git_path=paths.get("sha1_git"),
-                       progress=progress)
+    build_hash_indexes(shard.reader, identity, progress=progress, **{f"{n}_path": p for n, p in paths.items()})
     return todo
 
 

@@ -10,13 +10,21 @@ them read Read Shards. A configuration, as ``objstorage:`` holds it::
     cls: shardfs
     shards: [/srv/shards/a.shard, /dev/rbd/pool/image]  # files or block devices
     shard_dir: /srv/shards        # every shard in it, followed live
-    cache_dir: /var/cache/shardfs # sidecars and global index (default: ~/.cache/shardfs)
-    primary_hash: sha256
+    cache_dir: /var/cache/shardfs # sidecars, global index, hash indexes (default: ~/.cache/shardfs)
+    primary_hash: sha256          # or sha1, sha1_git
+    hashes: [sha1, sha1_git]      # also find ids by these (default: primary_hash, unless sha256)
 
 or ``winery: {dsn: "postgresql://reader@db/winery", pools_dir: /srv/pools}``
 (``pools_dir`` optional: images under /dev/rbd/<pool>/<name>) instead of
 ``shards``/``shard_dir``. Object ids are swh ``HashDict``s (a dict of
-hash name to digest bytes); objects are found by their ``sha256``.
+hash name to digest bytes); objects are found by their ``sha256``, or by
+their ``sha1`` or ``sha1_git`` when the id carries no sha256 and the
+storage indexes that hash (`shardfs.hashes`: the shards' indexes missing
+from the cache directory are built at construction, reading every object
+once; ``shardfs index --hashes`` builds them ahead). An object found by
+sha1 or sha1_git is hashed again before it is returned, so a damaged index
+never returns another object. Not with ``winery`` (its images are indexed
+in a winery mount, ``-o hashes=``).
 
 Semantics (those of swh's read-only backends): ``get`` raises
 ``ObjNotFoundError(obj_id)``; ``get_batch`` yields bytes or None in order
@@ -44,6 +52,7 @@ from swh.objstorage.exc import ObjNotFoundError, ReadOnlyObjStorageError
 from swh.objstorage.interface import HashDict
 from swh.objstorage.objstorage import ObjStorage, timed
 
+from shardfs import hashes as hashes_mod
 from shardfs.errors import ShardError
 from shardfs.shardset import CACHE_DIR_ERRNOS, open_shard_set
 
@@ -80,12 +89,20 @@ class ShardfsObjStorage(ObjStorage):
 
     def __init__(self, shards: Optional[Sequence[str]] = None, shard_dir: Optional[str] = None,
                  winery: Optional[Dict[str, Any]] = None, cache_dir: Optional[str] = None,
-                 primary_hash: str = "sha256", **kwargs: Any) -> None:
-        if primary_hash != "sha256":
+                 primary_hash: str = "sha256", hashes: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
+        if primary_hash not in ("sha256",) + hashes_mod.HASH_NAMES:
             raise ConfigError(f"shardfs objstorage: primary_hash {primary_hash!r} is not supported: "
-                              "shards are keyed by sha256")
+                              f"choose sha256, {', '.join(hashes_mod.HASH_NAMES)}")
+        if hashes is None:
+            hashes = [] if primary_hash == "sha256" else [primary_hash]
+        if isinstance(hashes, str) or any(h not in hashes_mod.HASH_NAMES for h in hashes):
+            raise ConfigError(f"shardfs objstorage: 'hashes' must be a list of {', '.join(hashes_mod.HASH_NAMES)}")
+        if primary_hash != "sha256" and primary_hash not in hashes:
+            raise ConfigError(f"shardfs objstorage: primary_hash {primary_hash} needs {primary_hash} in 'hashes'")
         kwargs.pop("name", None)  # always "shardfs"
-        super().__init__(primary_hash="sha256", **kwargs)
+        super().__init__(primary_hash=primary_hash, **kwargs)
+        self.primary_hash = primary_hash
+        self._hashes = tuple(h for h in hashes_mod.HASH_NAMES if h in hashes)
         self._paths = _shard_paths(shards)
         self._shard_dir = shard_dir
         self._cache_dir = cache_dir
@@ -98,6 +115,9 @@ class ShardfsObjStorage(ObjStorage):
             if not self._winery.get("dsn") or unknown:
                 raise ConfigError("shardfs objstorage: 'winery' needs 'dsn' (and optionally 'pools_dir')"
                                   + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""))
+            if self._hashes:
+                raise ConfigError("shardfs objstorage: 'winery' finds objects by sha256 only (primary_hash "
+                                  "sha256, no 'hashes')")
         elif not self._paths and not shard_dir:
             raise ConfigError("shardfs objstorage: give 'shards', 'shard_dir' (or both), or 'winery'")
         self._lock = threading.Lock()
@@ -117,8 +137,29 @@ class ShardfsObjStorage(ObjStorage):
             return WineryStore(self._winery["dsn"], self._winery.get("pools_dir"), self._cache_dir)
         shards = open_shard_set(self._paths, self._shard_dir, self._cache_dir)
         self._build_sidecars(shards)
+        if self._hashes:
+            shards.hashes = hashes_mod.HashSet(shards, self._hashes)
+            self._build_hashes(shards)
         self._rescanned = time.monotonic()
         return shards
+
+    @staticmethod
+    def _build_hashes(shards: Any) -> None:
+        """Hash indexes of the shards that lack one (each object read once)."""
+        hashes = shards.hashes
+        hashes.scan()
+        for member in hashes.pending():
+            started = time.monotonic()
+            log.info("%s: indexing by %s", member.path, ", ".join(hashes.names))
+            try:
+                hashes_mod.build(member.shard, hashes.names, shards.sidecar_dir)
+            except (OSError, ShardError) as exc:
+                member.hashes_failed = True
+                log.warning("%s: not indexed by %s (%s): its objects are found by sha256 only", member.path,
+                            ", ".join(hashes.names), exc)
+                continue
+            hashes.scan([member])
+            log.info("%s: indexed in %.1f s", member.path, time.monotonic() - started)
 
     @staticmethod
     def _build_sidecars(shards: Any) -> None:
@@ -155,6 +196,8 @@ class ShardfsObjStorage(ObjStorage):
                 for member in gone:
                     backend.discard(member)
                 self._build_sidecars(backend)
+                if backend.hashes is not None:
+                    self._build_hashes(backend)
         return backend
 
     def _new_lock(self) -> None:
@@ -165,39 +208,62 @@ class ShardfsObjStorage(ObjStorage):
         key = obj_id.get("sha256") if isinstance(obj_id, dict) else None
         return key if isinstance(key, bytes) and len(key) == 32 else None
 
+    def _other(self, obj_id: HashDict) -> Optional[tuple]:
+        """(hash name, digest) of an id without a sha256 by a hash this
+        storage indexes (the primary hash first), else None."""
+        if not isinstance(obj_id, dict):
+            return None
+        for name in sorted(self._hashes, key=lambda n: n != self.primary_hash):
+            digest = obj_id.get(name)
+            if isinstance(digest, bytes) and len(digest) == hashes_mod.DIGEST_SIZE:
+                return name, digest
+        return None
+
+    def _read_other(self, backend: Any, obj_id: HashDict) -> Optional[bytes]:
+        """The bytes of the object an id without sha256 names (lock held)."""
+        other = self._other(obj_id)
+        found = backend.hashes.find(*other) if other is not None and backend.hashes is not None else None
+        if found is None:
+            return None
+        member, _, data_offset, size = found
+        return member.shard.pread(data_offset, size, 0, size)
+
     # ------------------------------------------------------------ reads
 
     @timed
     def get(self, obj_id: HashDict) -> bytes:
         """The object's bytes. Raises ObjNotFoundError(obj_id) when no shard
-        holds its sha256 (or the id carries none)."""
+        holds its sha256 (or, for an id without one, its sha1 or sha1_git
+        by an indexed hash)."""
         key = self._key(obj_id)
-        data = None
-        if key is not None:
-            with self._lock:
-                data = self._use().get_batch([key])[0]
+        with self._lock:
+            backend = self._use()
+            data = backend.get_batch([key])[0] if key is not None else self._read_other(backend, obj_id)
         if data is None:
             raise ObjNotFoundError(obj_id)
         return data
 
     def get_batch(self, obj_ids: Iterable[HashDict]) -> Iterator[Optional[bytes]]:
         """The bytes of each id's object, or None, in order (the shards'
-        C batch reads: one call per shard holding some of them)."""
+        C batch reads for the ids with a sha256: one call per shard holding
+        some of them; the others one by one)."""
         ids = list(obj_ids)
         keys = [self._key(i) for i in ids]
         wanted = [k for k in keys if k is not None]
         with self._lock:
-            datas = iter(self._use().get_batch(wanted))
-        for k in keys:
-            yield None if k is None else next(datas)
+            backend = self._use()
+            datas = iter(backend.get_batch(wanted))
+            out = [next(datas) if k is not None else self._read_other(backend, i) for i, k in zip(ids, keys)]
+        yield from out
 
     @timed
     def __contains__(self, obj_id: HashDict) -> bool:
         key = self._key(obj_id)
-        if key is None:
-            return False
         with self._lock:
             backend = self._use()
+            if key is None:
+                other = self._other(obj_id)
+                return other is not None and backend.hashes is not None and backend.hashes.find(*other) is not None
             if self._winery is not None:
                 return key in backend
             return backend.find(key) is not None

@@ -20,6 +20,7 @@ from swh.objstorage.tests.objstorage_testing import ObjStorageTestFixture
 from swh_rpc import objstorage_server
 
 import shardfs
+from shardfs import hashes, sidecar
 from shardfs.objstorage import ConfigError
 
 def contents(tag: str, count: int) -> list:
@@ -95,12 +96,53 @@ def test_factory_reads_with_swh_semantics(two_shards, tmp_path):
     ({"shards": ["/x"], "winery": {"dsn": "dbname=x"}}, "stands alone"),
     ({"winery": {"pools_dir": "/p"}}, "needs 'dsn'"),
     ({"winery": {"dsn": "dbname=x", "pool": "/p"}}, "unknown: pool"),
-    ({"shards": ["/x"], "primary_hash": "sha1"}, "primary_hash 'sha1' is not supported"),
+    ({"shards": ["/x"], "primary_hash": "md5"}, "primary_hash 'md5' is not supported"),
+    ({"shards": ["/x"], "primary_hash": "sha1", "hashes": ["sha1_git"]}, "needs sha1 in 'hashes'"),
+    ({"shards": ["/x"], "hashes": "sha1"}, "'hashes' must be a list"),
+    ({"winery": {"dsn": "dbname=x"}, "primary_hash": "sha1_git"}, "sha256 only"),
 ])
 def test_a_wrong_config_is_one_clear_error(config, message):
     with pytest.raises(ConfigError, match=message) as exc:
         get_objstorage("shardfs", **config)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("primary", ["sha1", "sha1_git"])
+def test_primary_hash_sha1_or_sha1_git(two_shards, tmp_path, primary):
+    """primary_hash sha1 or sha1_git: the shards' indexes are built at
+    construction (into the cache directory, used again by the next
+    storage); ids carrying only that hash (as swh's tools make them) are
+    found by get, get_batch, in and check; through swh's own RPC server
+    and remote client too; an id of a digest no object has is
+    ObjNotFoundError, and an id whose digest belongs to another hash is
+    not found."""
+    paths, data, ids = two_shards
+    cache = str(tmp_path / "cache")
+    config = {"cls": "shardfs", "shards": paths, "cache_dir": cache, "primary_hash": primary}
+    storage = get_objstorage(**config)
+    assert storage.primary_hash == primary
+    for path in paths:
+        with shardfs.Shard(path) as s:
+            assert os.path.exists(hashes.index_path(cache, sidecar.identity(s), primary))
+    only = [{primary: i[primary]} for i in ids]
+    for obj_id, full in zip(only, ids):
+        assert storage.get(obj_id) == content_of(data, full)
+        assert obj_id in storage
+        storage.check(obj_id)
+    missing = {primary: objid_for_content(b"never stored")[primary]}
+    other = "sha1" if primary == "sha1_git" else "sha1_git"
+    assert missing not in storage and {primary: ids[0][other]} not in storage
+    with pytest.raises(ObjNotFoundError):
+        storage.get(missing)
+    assert list(storage.get_batch([only[3], missing, ids[7], only[50]])) == [
+        content_of(data, ids[3]), None, content_of(data, ids[7]), content_of(data, ids[50])]
+    storage.close()
+    again = get_objstorage(**config)  # the indexes are found, not built again
+    assert again.get(only[1]) == content_of(data, ids[1])
+    again.close()
+    with objstorage_server(config, tmp_path, "rpc-serve") as remote:
+        assert remote.get(only[5]) == content_of(data, ids[5])
+        assert list(remote.get_batch([only[6], missing])) == [content_of(data, ids[6]), None]
 
 
 def test_a_cache_dir_it_cannot_write_costs_a_private_one(two_shards, tmp_path):

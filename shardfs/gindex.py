@@ -36,7 +36,7 @@ import json
 import logging
 import os
 import uuid
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from array import array
 
@@ -220,13 +220,17 @@ class IndexSet:
                 except OSError:
                     pass
 
-    def add_shards(self, shards: Sequence[Tuple[bytes, object]], served: Iterable[bytes]) -> List[str]:
+    def add_shards(self, shards: Sequence[Tuple[bytes, object]], served: Iterable[bytes],
+                   prefixes: Callable[[object], bytes] = key_prefixes) -> List[str]:
         """Index `shards` ((identity, open Shard) pairs) as a new level,
         then merge levels as the module's docstring says, keeping only the
         shards whose identity is in `served`. Reads each shard's index
         (about 8 bytes of memory per object of the shards added). Writes
         the manifest; returns the new level names. Raises OSError (e.g.
-        ENOSPC) with the manifest unchanged."""
+        ENOSPC) with the manifest unchanged. `prefixes(item)` gives the
+        run of a pair's second item: by default its keys' (a level over
+        other 32-byte names, such as sha1 digests padded with zeros, takes
+        another: `shardfs.hashes`)."""
         served = set(served)
         fd = self._lock()
         try:
@@ -236,7 +240,7 @@ class IndexSet:
                 # A level could not be opened (damaged, or written in an
                 # older format): start again from the shards given.
                 names = []
-            runs = [(ident, key_prefixes(shard)) for ident, shard in shards
+            runs = [(ident, prefixes(shard)) for ident, shard in shards
                     if not self.covers(ident)]
             if runs:
                 name = self._new_name()

@@ -160,6 +160,13 @@ class ShardfsObjStorage(ObjStorage):
                 continue
             hashes.scan([member])
             log.info("%s: indexed in %.1f s", member.path, time.monotonic() - started)
+        asked = {m.number: m for n in hashes.names for m in hashes.unlevelled(n)}
+        if hashes.levels and asked:
+            try:
+                hashes.add_to_levels(list(asked.values()), [m.identity for m in shards.served()])
+                hashes.reload()
+            except (OSError, ShardError) as exc:
+                log.warning("sha1/sha1_git levels not updated (%s): each indexed shard is asked", exc)
 
     @staticmethod
     def _build_sidecars(shards: Any) -> None:

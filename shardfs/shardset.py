@@ -488,6 +488,8 @@ class ShardSet:
         self.filters.set(member.number, None)  # probed unfiltered until it has a filter
         if self.index is not None and member.identity and self.index.attach(member.identity, member.number):
             self.mark_indexed(member)
+        if self.hashes is not None:
+            self.hashes.attach(member)
         self.version += 1
         return member
 

@@ -258,6 +258,9 @@ def test_mount_names_by_hash(tmp_path, mounter):
     stats = lambda: json.loads(os.getxattr(point, "user.shardfs.stats"))  # noqa: E731
     assert wait_until(lambda: stats()["hashes"]["sha1_git"] == 4, timeout=30), stats()
     assert stats()["hashes"]["pending"] == 0
+    # The levels over the digests hold every shard: a lookup asks the one
+    # shard that has the object (not the four).
+    assert wait_until(lambda: stats()["hashes"]["unlevelled"] == {"sha1": 0, "sha1_git": 0}, timeout=30), stats()
     listed = os.listdir(point)
     assert sorted(listed) == sorted(k.hex() for k in objects)
     for key, data in objects.items():
@@ -286,3 +289,29 @@ def test_mount_without_hashes_has_no_hash_names(tmp_path, mounter):
     assert not os.path.exists(point / f"swh:1:cnt:{hashes.digest('sha1_git', data).hex()}")
     proc = run(SHARDFS + ["mount", "-o", "hashes=md5", tmp_path / "s.shard", tmp_path / "m2"])
     assert proc.returncode == 1 and "hashes=md5" in proc.stderr and "unknown hash 'md5'" in proc.stderr
+
+
+def test_hash_lookups_ask_only_the_shard_that_holds_the_object(tmp_path, mounter):
+    """40 shards in a shard directory, one worker: once the levels over
+    the digests hold them all, finding 40 objects by sha1_git asks about
+    40 shards in all (not 40 x 40); a shard added later is indexed and
+    found too."""
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    objects = {}
+    for i in range(40):
+        objects.update(_shard(shard_dir / f"{i:02}.shard", _blobs(100 + i, 5)))
+    point = mounter.mount([], tmp_path / "m", "--shard-dir", shard_dir, "-o", "hashes=sha1_git,workers=1")
+    stats = lambda: json.loads(os.getxattr(point, "user.shardfs.stats"))["hashes"]  # noqa: E731
+    assert wait_until(lambda: stats()["sha1_git"] == 40 and stats()["unlevelled"]["sha1_git"] == 0, timeout=60), \
+        stats()
+    before = stats()["probes"]
+    for data in list(objects.values())[::5]:
+        assert (point / f"swh:1:cnt:{hashes.digest('sha1_git', data).hex()}").read_bytes() == data
+    asked = stats()["probes"] - before
+    assert asked <= len(list(objects)[::5]) + 2, asked
+    late = _shard(shard_dir / "99.shard", [b"a late object"])
+    data = next(iter(late.values()))
+    name = point / "sha1_git" / hashes.digest("sha1_git", data).hex()
+    assert wait_until(lambda: name.exists(), timeout=30), stats()
+    assert name.read_bytes() == data

@@ -213,6 +213,8 @@ class Coordinator:
         self._index_failed = False
         #: Shard numbers a builder was asked to index.
         self._index_tried: Set[int] = set()
+        #: Shards given to a builder to add to the hash levels (once each).
+        self._hash_level_tried: Set[int] = set()
         #: The shard set's version when the builder last found nothing to do.
         self._idle_at = -1
         #: When the table was last published, when it is due (`_publish_later`).
@@ -891,6 +893,7 @@ class Coordinator:
         ]}
         if self.shards.hashes is not None:
             table["hashing"] = list(self.shards.hashes.progress)
+            table["hash_levels"] = self.shards.hashes.level_names()
         if self.shards.index is not None:
             table["index"] = self.shards.index.names()
         if self.catalog is not None:
@@ -977,8 +980,13 @@ class Coordinator:
             unindexed = [m for m in self.shards.served()
                          if not m.indexed and m.identity and m.number not in self._index_tried]
         hashes = self.shards.hashes
-        unhashed = hashes.pending() if hashes is not None else []
-        if not todo and not unindexed and not unhashed:
+        unhashed, unlevelled = [], []
+        if hashes is not None:
+            unhashed = hashes.pending()
+            asked = {m.number for n in hashes.names for m in hashes.unlevelled(n)} if hashes.levels else set()
+            unlevelled = [m for m in self.shards.served() if m.number in asked and m.number not in self._hash_level_tried]
+            unlevelled = list({m.number: m for m in unlevelled + unhashed}.values())
+        if not todo and not unindexed and not unhashed and not unlevelled:
             self._idle_at = self.shards.version  # nothing to do until the set changes
             return
         directory = self.shards.sidecar_dir
@@ -1018,12 +1026,22 @@ class Coordinator:
                     os.write(w, b"%s %d\n" % (word.encode(), member.number))
                 for member in unhashed:
                     _build_hashes(member, hashes.names, directory, w)
+                if unlevelled:
+                    hashes.scan(unlevelled)
+                    for batch in index_batches([m for m in unlevelled if m.hashes]):
+                        try:
+                            hashes.add_to_levels(batch, served)
+                        except Exception as exc:
+                            log.warning("cannot add shards to the sha1/sha1_git indexes: %s", exc)
+                            break
+                        os.write(w, b"hash_levels %d\n" % len(batch))
             finally:
                 os._exit(0)
         os.close(w)
         # Each shard is indexed once per mount: one the index fails to
         # hold stays on its own filter rather than forking builds forever.
         self._index_tried.update(m.number for m in unindexed)
+        self._hash_level_tried.update(m.number for m in unlevelled)
         os.set_blocking(r, False)
         self._builder = {"pid": pid, "fd": r, "directory": directory, "todo": todo,
                          "done": set(), "partial": b""}
@@ -1046,6 +1064,10 @@ class Coordinator:
         published = False
         for line in lines:
             word, number, *more = line.split()
+            if word == b"hash_levels":
+                self.shards.hashes.reload()
+                published = True
+                continue
             if word == b"hashing":
                 self.shards.hashes.progress = (int(more[0]), int(more[1]))
                 self._publish_later()

@@ -169,6 +169,8 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
         shards.reload_index(table["index"])
     if shards.hashes is not None and "hashing" in table:
         shards.hashes.progress = tuple(table["hashing"])
+        shards.hashes.reload(table["hash_levels"])
+        shards.hashes.generation += 1  # shards' `hashes` may have changed
 
 
 def clone_session_fd(session_fd: int) -> None:

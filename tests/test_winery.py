@@ -269,6 +269,38 @@ def test_mount_is_live_new_objects_shards_and_takedowns(winery, mounter, tmp_pat
 
 
 @needs_fuse
+def test_mount_finds_images_and_write_shards_by_sha1_and_sha1_git(winery, mounter, tmp_path):
+    """-o hashes=sha1:sha1_git on a winery mount: the objects of images
+    (indexed by the mount's builder) and of write shard tables (hashed by
+    the worker from PostgreSQL) are found by sha1/<hex>, sha1_git/<hex> and
+    swh:1:cnt:<hex> with their bytes, digests as swh.model computes them;
+    an object written under the mount is found within the live bound; a
+    taken-down one is not."""
+    from swh.model.hashutil import MultiHash
+
+    data, where = build(winery, readonly=10, packed=10, written=10)
+    point = mount_winery(mounter, winery, tmp_path / "m", "-o", "hashes=sha1:sha1_git")
+    stats = lambda: json.loads(os.getxattr(point, "user.shardfs.stats"))["hashes"]  # noqa: E731
+    assert wait_until(lambda: stats()["pending"] == 0, timeout=60), stats()
+
+    def names(content: bytes) -> list:
+        d = MultiHash.from_data(content).digest()
+        return [f"sha1/{d['sha1'].hex()}", f"sha1_git/{d['sha1_git'].hex()}", f"swh:1:cnt:{d['sha1_git'].hex()}"]
+
+    for key, content in data.items():
+        for name in names(content):
+            assert (point / name).read_bytes() == content, (name, key in where["written"])
+    content = b"written under a mount that finds it by sha1_git"
+    assert not (point / names(content)[1]).exists()
+    winery.add(content)
+    assert wait_until(lambda: (point / names(content)[2]).exists(), timeout=LIVE_BOUND)
+    assert (point / names(content)[2]).read_bytes() == content
+    victim = where["written"][0]
+    winery.delete(victim)
+    assert wait_until(lambda: not (point / names(data[victim])[0]).exists(), timeout=LIVE_BOUND)
+
+
+@needs_fuse
 def test_mount_readers_while_shards_are_packed(winery, mounter, tmp_path):
     keys = winery.add_many(blobs("busy", 40))
     contents = dict(zip(keys, blobs("busy", 40)))

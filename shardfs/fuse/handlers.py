@@ -392,7 +392,13 @@ class ShardFS:
         hashes it again first)."""
         found = self.shards.hashes.find(name, digest)
         if found is None:
-            return None
+            if self.winery is None:
+                return None
+            try:  # an object still in a write shard table
+                key = self.winery.find_by_hash(self.shards.hashes.names, name, digest)
+            except DatabaseUnavailable:
+                raise FUSEError(errno.EIO) from None
+            return None if key is None else self._lookup_object(key)
         member, slot, data_offset, size = found
         member.shard.prefetch(data_offset, size, PREFETCH_BYTES)
         return self._file_attr(object_inode(member.number, slot), size, member)

@@ -15,15 +15,19 @@ handlers (`shardfs.fuse.handlers`) need on top, per process:
   READ requests of a large object do not each ask the database where it
   is; a key hidden since is refused all the same;
 * listings of the write shard tables for a key range (a fan-out leaf) or
-  whole (a flat root).
+  whole (a flat root);
+* with ``-o hashes=``, the objects of the write shard tables by sha1 and
+  sha1_git (`find_by_hash`: hashed here once each; the images have their
+  hash indexes, `shardfs.hashes`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from shardfs import hashes
 from shardfs.fuse.layout import db_inode, split_db_inode
 from shardfs.shard import KEY_SIZE
 from shardfs.winery import POLL_SECONDS, DatabaseUnavailable, ImageNotMapped, Location, Reader
@@ -53,6 +57,11 @@ class WineryView:
         #: Waits (at most the seconds given) for the coordinator to publish
         #: a new table and takes it; True if it did (set by the worker).
         self.wait_for_table: Optional[Callable[[float], bool]] = None
+        #: Objects of the write shard tables by another hash (`find_by_hash`):
+        #: hash name -> {digest: key}, the keys hashed, when last listed.
+        self._db_digests: Dict[str, Dict[bytes, bytes]] = {}
+        self._db_hashed: Set[bytes] = set()
+        self._db_hashed_at = -POLL_SECONDS
 
     def attach(self, state: Any, position: int) -> None:
         """Use worker `position`'s inode ring in `state` from now on."""
@@ -146,6 +155,50 @@ class WineryView:
             except KeyError:  # its row went away: packed and cleaned since
                 self._locations.pop(key, None)
         return None
+
+    # ------------------------------------------------------------ hashes
+
+    def find_by_hash(self, names: Sequence[str], name: str, digest: bytes) -> Optional[bytes]:
+        """The key of the object of a write shard table whose `name` digest
+        (sha1 or sha1_git) is `digest`, or None. This process hashes each
+        object of the tables once (its bytes read from PostgreSQL, 256
+        rows per query); on a miss the tables' keys are listed again (one
+        query per table, at most once per POLL_SECONDS), so an object
+        written since is found within that bound. The digests are computed
+        here from the bytes: the answer is right by construction. A
+        database that cannot be asked finds nothing (logged)."""
+        table = self._db_digests.setdefault(name, {})
+        key = table.get(digest)
+        if key is not None or time.monotonic() - self._db_hashed_at < POLL_SECONDS:
+            return key
+        self._db_hashed_at = time.monotonic()
+        try:
+            self._hash_tables(names)
+        except DatabaseUnavailable as exc:
+            log.warning("cannot list the write shards to find a %s: %s", name, exc)
+        return table.get(digest)
+
+    def _hash_tables(self, names: Sequence[str]) -> None:
+        from psycopg import sql
+
+        for shard_id, table in sorted(self.reader.tables.items()):
+            ident = sql.Identifier("shard_" + table)
+            try:
+                keys = [bytes(k) for (k,) in self.reader.db.query(sql.SQL("SELECT key FROM {}").format(ident))]
+            except DatabaseUnavailable:
+                raise
+            except Exception as exc:  # a table dropped meanwhile: it was packed
+                log.debug("listing write shard %s: %s", table, exc)
+                continue
+            new = [k for k in keys if k not in self._db_hashed]
+            for i in range(0, len(new), 256):
+                rows = self.reader.db.query(sql.SQL("SELECT key, content FROM {} WHERE key = ANY(%s)").format(ident),
+                                            (new[i:i + 256],))
+                for key, content in rows:
+                    key, content = bytes(key), bytes(content)
+                    for name in names:
+                        self._db_digests.setdefault(name, {})[hashes.digest(name, content)] = key
+                    self._db_hashed.add(key)
 
     # ------------------------------------------------------------ listings
 

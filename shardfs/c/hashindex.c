@@ -15,12 +15,14 @@
 #include <unistd.h>
 
 #include <openssl/evp.h>
+#include <pthread.h>
 
 #define CORRUPT(...) sfs_fail(err, SFS_ECORRUPT, 0, __VA_ARGS__)
 #define HASH_CHUNK (1u << 20)       /* bytes hashed per read of a large object */
 #define BUILD_BUFFER (4u << 20)     /* bytes read at once by a build */
 #define INDEX_CHUNK 16384u          /* slots read at once by a build */
 #define PROGRESS_EVERY (64u << 20)  /* bytes hashed between progress calls */
+#define BUILD_THREADS 8             /* most threads hashing a shard */
 
 struct sfs_hashindex {
     uint8_t *map;
@@ -298,10 +300,95 @@ static int reader_at(reader_t *r, uint64_t pos, uint64_t want, const uint8_t **p
         }
         r->start = pos;
         r->len = (uint64_t)n;
+        /* the next window comes from the device while this one is hashed */
+        posix_fadvise(r->fd, (off_t)(pos + (uint64_t)n), BUILD_BUFFER, POSIX_FADV_WILLNEED);
     }
     *p = r->buf + (pos - r->start);
     *got = r->start + r->len - pos;
     return 0;
+}
+
+/* One thread's part of a build: live[begin, end) hashed in order through
+ * its own buffer (pread on the shared descriptor: no file position). */
+typedef struct {
+    const sfs_shard_t *shard;
+    const live_t *live;
+    size_t begin, end;
+    pair_t *pairs[2];
+    int fd;
+    uint64_t *hashed;     /* object bytes hashed by every thread (atomic) */
+    volatile int *stop;   /* set by any thread on error or interruption */
+    int (*progress)(void *ctx, uint64_t done);
+    void *ctx;            /* progress is called by part 0 only */
+    int rc;
+    sfs_error_t err;
+} part_t;
+
+static void *hash_part(void *arg)
+{
+    part_t *pt = arg;
+    const sfs_header_t *hd = sfs_header(pt->shard);
+    const char *name = sfs_path(pt->shard);
+    reader_t r = {.fd = pt->fd, .buf = malloc(BUILD_BUFFER)};
+    hasher_t h = {{NULL, NULL}};
+    sfs_error_t *err = &pt->err;
+    uint64_t lo = hd->objects_position, hi = hd->objects_position + hd->objects_size, told = 0;
+    if (!r.buf || hasher_new(&h, pt->pairs[0] != NULL, pt->pairs[1] != NULL) < 0) {
+        pt->rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", name);
+        goto out;
+    }
+    for (size_t i = pt->begin; i < pt->end && !*pt->stop; i++) {
+        uint64_t off = pt->live[i].offset, size, got;
+        const uint8_t *p;
+        if (off < lo || off > hi - SFS_SIZE_FIELD_SIZE) {
+            pt->rc = CORRUPT("%s: slot %u: offset %" PRIu64 " outside the objects section", name, pt->live[i].slot, off);
+            goto out;
+        }
+        if (reader_at(&r, off, SFS_SIZE_FIELD_SIZE, &p, &got) < 0 || got < SFS_SIZE_FIELD_SIZE)
+            goto io;
+        size = be64(p);
+        if (size > hi - off - SFS_SIZE_FIELD_SIZE) {
+            pt->rc = CORRUPT("%s: slot %u: object of %" PRIu64 " bytes past the objects section", name,
+                             pt->live[i].slot, size);
+            goto out;
+        }
+        if (hasher_begin(&h, size) < 0)
+            goto nomem;
+        for (uint64_t pos = off + SFS_SIZE_FIELD_SIZE, left = size; left;) {
+            uint64_t want = left < BUILD_BUFFER ? left : BUILD_BUFFER;
+            if (reader_at(&r, pos, want, &p, &got) < 0 || got < want)
+                goto io;
+            hasher_update(&h, p, (size_t)want);
+            pos += want;
+            left -= want;
+        }
+        uint8_t d[2][SFS_HX_DIGEST_SIZE];
+        if (hasher_end(&h, d) < 0)
+            goto nomem;
+        for (int k = 0; k < 2; k++)
+            if (pt->pairs[k])
+                pt->pairs[k][i] = (pair_t){top64(d[k]), pt->live[i].slot};
+        uint64_t all = __atomic_add_fetch(pt->hashed, size, __ATOMIC_RELAXED);
+        if (pt->progress && all - told >= PROGRESS_EVERY) {
+            told = all;
+            if (pt->progress(pt->ctx, all)) {
+                pt->rc = sfs_fail(err, SFS_EINVAL, EINTR, "%s: hash index build interrupted", name);
+                goto out;
+            }
+        }
+    }
+    goto out;
+io:
+    pt->rc = sfs_fail(err, SFS_EIO, errno ? errno : EIO, "%s: reading objects: %s", name, strerror(errno ? errno : EIO));
+    goto out;
+nomem:
+    pt->rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: hashing: out of memory", name);
+out:
+    if (pt->rc != SFS_OK)
+        *pt->stop = 1;
+    hasher_free(&h);
+    free(r.buf);
+    return NULL;
 }
 
 int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_IDENTITY_SIZE],
@@ -319,10 +406,8 @@ int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_
     live_t *live = malloc(slots * sizeof(*live));
     pair_t *pairs[2] = {NULL, NULL};
     uint8_t *chunk = malloc((size_t)INDEX_CHUNK * SFS_SLOT_SIZE);
-    reader_t r = {.fd = fd, .buf = malloc(BUILD_BUFFER)};
-    hasher_t h = {{NULL, NULL}};
     size_t n = 0;
-    if (!live || !chunk || !r.buf || hasher_new(&h, paths[0] != NULL, paths[1] != NULL) < 0) {
+    if (!live || !chunk) {
         rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", name);
         goto out;
     }
@@ -344,68 +429,53 @@ int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_
             rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", name);
             goto out;
         }
-    uint64_t lo = hd->objects_position, hi = hd->objects_position + hd->objects_size, hashed = 0, told = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t off = live[i].offset, size;
-        const uint8_t *p;
-        uint64_t got;
-        if (off < lo || off > hi - SFS_SIZE_FIELD_SIZE) {
-            rc = CORRUPT("%s: slot %u: offset %" PRIu64 " outside the objects section", name, live[i].slot, off);
-            goto out;
-        }
-        if (reader_at(&r, off, SFS_SIZE_FIELD_SIZE, &p, &got) < 0 || got < SFS_SIZE_FIELD_SIZE) {
-            rc = sfs_fail(err, SFS_EIO, errno ? errno : EIO, "%s: reading objects: %s", name, strerror(errno ? errno : EIO));
-            goto out;
-        }
-        size = be64(p);
-        if (size > hi - off - SFS_SIZE_FIELD_SIZE) {
-            rc = CORRUPT("%s: slot %u: object of %" PRIu64 " bytes past the objects section", name, live[i].slot, size);
-            goto out;
-        }
-        if (hasher_begin(&h, size) < 0) {
-            rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: hashing: out of memory", name);
-            goto out;
-        }
-        for (uint64_t pos = off + SFS_SIZE_FIELD_SIZE, left = size; left;) {
-            uint64_t want = left < BUILD_BUFFER ? left : BUILD_BUFFER;
-            if (reader_at(&r, pos, want, &p, &got) < 0 || got < want) {
-                rc = sfs_fail(err, SFS_EIO, errno ? errno : EIO, "%s: reading objects: %s", name,
-                              strerror(errno ? errno : EIO));
-                goto out;
-            }
-            hasher_update(&h, p, (size_t)want);
-            pos += want;
-            left -= want;
-        }
-        uint8_t d[2][SFS_HX_DIGEST_SIZE];
-        if (hasher_end(&h, d) < 0) {
-            rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: hashing: out of memory", name);
-            goto out;
-        }
-        for (int k = 0; k < 2; k++)
-            if (pairs[k])
-                pairs[k][i] = (pair_t){top64(d[k]), live[i].slot};
-        hashed += size;
-        if (progress && hashed - told >= PROGRESS_EVERY) {
-            told = hashed;
-            if (progress(ctx, hashed)) {
-                rc = sfs_fail(err, SFS_EINVAL, EINTR, "%s: hash index build interrupted", name);
-                goto out;
-            }
-        }
+    /* One part per CPU (at most BUILD_THREADS), cut by bytes so that each
+     * reads and hashes about as much, each a sequential stream. */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nparts = cpus < 1 ? 1 : cpus > BUILD_THREADS ? BUILD_THREADS : (size_t)cpus;
+    if (n < 64 * nparts)
+        nparts = 1;
+    part_t parts[BUILD_THREADS];
+    pthread_t tids[BUILD_THREADS];
+    uint64_t hashed = 0, span = hd->objects_size / nparts + 1;
+    volatile int stop = 0;
+    size_t at = 0;
+    for (size_t t = 0; t < nparts; t++) {
+        size_t end = at;
+        uint64_t limit = hd->objects_position + span * (t + 1);
+        while (end < n && (t == nparts - 1 || live[end].offset < limit))
+            end++;
+        parts[t] = (part_t){.shard = shard, .live = live, .begin = at, .end = end, .pairs = {pairs[0], pairs[1]},
+                            .fd = fd, .hashed = &hashed, .stop = &stop, .progress = t == 0 ? progress : NULL,
+                            .ctx = ctx};
+        at = end;
     }
+    size_t started = 1;
+    for (size_t t = 1; t < nparts; t++, started++)
+        if (pthread_create(&tids[t], NULL, hash_part, &parts[t]) != 0) {
+            parts[t].rc = sfs_fail(&parts[t].err, SFS_ENOMEM, EAGAIN, "%s: cannot start a thread", name);
+            stop = 1;
+            break;
+        }
+    hash_part(&parts[0]);
+    for (size_t t = 1; t < started; t++)
+        pthread_join(tids[t], NULL);
+    for (size_t t = 0; t < nparts && rc == SFS_OK; t++)
+        if (parts[t].rc != SFS_OK) {
+            rc = parts[t].rc;
+            if (err)
+                *err = parts[t].err;
+        }
     for (int k = 0; k < 2 && rc == SFS_OK; k++)
         if (pairs[k])
             rc = write_pairs(paths[k], k == 0 ? SFS_HASH_SHA1 : SFS_HASH_SHA1_GIT, identity, slots, pairs[k], n, err);
     if (rc == SFS_OK && progress)
         progress(ctx, hashed);
 out:
-    hasher_free(&h);
     free(pairs[0]);
     free(pairs[1]);
     free(live);
     free(chunk);
-    free(r.buf);
     close(fd);
     return rc;
 }

@@ -75,11 +75,14 @@ int sfs_hash_slot(const sfs_shard_t *shard, uint64_t slot, int kind, uint8_t out
 /* Hash every live object of `shard` once (in the order of their bytes in
  * the file, read with pread through a descriptor of its own: a shard that
  * shrinks gives SFS_EIO, not SIGBUS) and write the index of each kind whose
- * path is not NULL: paths[0] for sha1, paths[1] for sha1_git. progress, if
- * not NULL, is called after about every 64 MiB with the object bytes hashed
- * so far (of objects_size in all); a non-zero return stops the build
- * (SFS_EINVAL, "interrupted") with nothing written. Memory: 16 bytes per
- * live slot plus 12 per object and kind. */
+ * path is not NULL: paths[0] for sha1, paths[1] for sha1_git. One thread
+ * per CPU (at most 8), each hashing a contiguous part of the objects
+ * section (about as many bytes each) as its own sequential stream of 4 MiB
+ * reads. progress, if not NULL, is called from the calling thread after
+ * about every 64 MiB with the object bytes hashed so far by all (of
+ * objects_size in all); a non-zero return stops the build (SFS_EINVAL,
+ * "interrupted") with nothing written. Memory: 16 bytes per live slot,
+ * 16 per object and kind, 4 MiB per thread. */
 int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_IDENTITY_SIZE],
                         const char *const paths[2], int (*progress)(void *ctx, uint64_t done),
                         void *ctx, sfs_error_t *err);

@@ -62,18 +62,46 @@ static uint64_t file_size(unsigned b, uint64_t n)
 
 /* ---------------------------------------------------------------- hashing */
 
+/* SHA-1 fetched once (an implicit fetch at every init costs more than
+ * hashing a small object), and one digest context per thread for the
+ * lookups' checks (freed when the thread exits). */
+static EVP_MD *sha1_md_;
+static pthread_once_t sha1_once = PTHREAD_ONCE_INIT;
+static pthread_key_t ctx_key;
+
+static void sha1_init(void)
+{
+    sha1_md_ = EVP_MD_fetch(NULL, "SHA1", NULL);
+    pthread_key_create(&ctx_key, (void (*)(void *))EVP_MD_CTX_free);
+}
+
+static const EVP_MD *sha1_md(void)
+{
+    pthread_once(&sha1_once, sha1_init);
+    return sha1_md_ ? sha1_md_ : EVP_sha1();
+}
+
+static EVP_MD_CTX *thread_ctx(void)
+{
+    sha1_md();
+    EVP_MD_CTX *ctx = pthread_getspecific(ctx_key);
+    if (!ctx && (ctx = EVP_MD_CTX_new()) != NULL)
+        pthread_setspecific(ctx_key, ctx);
+    return ctx;
+}
+
 typedef struct {
     EVP_MD_CTX *ctx[2]; /* sha1, sha1_git; NULL when not wanted */
 } hasher_t;
 
 static int hasher_begin(hasher_t *h, uint64_t size)
 {
-    if (h->ctx[0] && !EVP_DigestInit_ex(h->ctx[0], EVP_sha1(), NULL))
+    if (h->ctx[0] && !EVP_DigestInit_ex(h->ctx[0], sha1_md(), NULL))
         return -1;
     if (h->ctx[1]) {
         char head[32];
         int len = snprintf(head, sizeof(head), "blob %" PRIu64, size);
-        if (!EVP_DigestInit_ex(h->ctx[1], EVP_sha1(), NULL) || !EVP_DigestUpdate(h->ctx[1], head, (size_t)len + 1))
+        if (!EVP_DigestInit_ex(h->ctx[1], sha1_md(), NULL) || !EVP_DigestUpdate(h->ctx[1], head, (size_t)len + 1))
             return -1;
     }
     return 0;
@@ -112,6 +140,42 @@ static int hasher_new(hasher_t *h, int want_sha1, int want_git)
     return 0;
 }
 
+/* Digest of kind `kind` of the `size` bytes at `off` of `shard`. */
+static int hash_object(const sfs_shard_t *shard, uint64_t off, uint64_t size, int kind,
+                       uint8_t out[SFS_HX_DIGEST_SIZE])
+{
+    EVP_MD_CTX *ctx = thread_ctx();
+    if (!ctx || !EVP_DigestInit_ex(ctx, sha1_md(), NULL))
+        return SFS_ENOMEM;
+    if (kind == SFS_HASH_SHA1_GIT) {
+        char head[32];
+        int len = snprintf(head, sizeof(head), "blob %" PRIu64, size);
+        if (!EVP_DigestUpdate(ctx, head, (size_t)len + 1))
+            return SFS_ENOMEM;
+    }
+    int rc = SFS_OK;
+    const uint8_t *mapped = size <= HASH_CHUNK ? sfs_data(shard, off, size) : NULL;
+    if (mapped || size == 0) {
+        if (size && !EVP_DigestUpdate(ctx, mapped, (size_t)size))
+            rc = SFS_ENOMEM;
+    } else {
+        uint8_t *buf = malloc(HASH_CHUNK);
+        if (!buf)
+            rc = SFS_ENOMEM;
+        for (uint64_t done = 0; rc == SFS_OK && done < size;) {
+            size_t len = size - done < HASH_CHUNK ? (size_t)(size - done) : HASH_CHUNK;
+            rc = sfs_read(shard, off + done, buf, len);
+            if (rc == SFS_OK && !EVP_DigestUpdate(ctx, buf, len))
+                rc = SFS_ENOMEM;
+            done += len;
+        }
+        free(buf);
+    }
+    if (rc == SFS_OK && !EVP_DigestFinal_ex(ctx, out, NULL))
+        rc = SFS_ENOMEM;
+    return rc;
+}
+
 int sfs_hash_slot(const sfs_shard_t *shard, uint64_t slot, int kind, uint8_t out[SFS_HX_DIGEST_SIZE],
                   sfs_error_t *err)
 {
@@ -120,37 +184,11 @@ int sfs_hash_slot(const sfs_shard_t *shard, uint64_t slot, int kind, uint8_t out
     uint8_t key[SFS_KEY_SIZE];
     uint64_t off, size;
     int rc = sfs_slot_object(shard, slot, key, &off, &size);
+    if (rc == SFS_OK)
+        rc = hash_object(shard, off, size, kind, out);
     if (rc != SFS_OK)
-        return sfs_fail(err, rc, 0, "%s: slot %" PRIu64 ": %s", sfs_path(shard), slot, sfs_strstatus(rc));
-    hasher_t h;
-    if (hasher_new(&h, kind == SFS_HASH_SHA1, kind == SFS_HASH_SHA1_GIT) < 0)
-        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "out of memory");
-    uint8_t digests[2][SFS_HX_DIGEST_SIZE];
-    rc = hasher_begin(&h, size) == 0 ? SFS_OK : SFS_ENOMEM;
-    const uint8_t *mapped = size <= HASH_CHUNK ? sfs_data(shard, off, size) : NULL;
-    if (rc == SFS_OK && (mapped || size == 0)) {
-        if (size && hasher_update(&h, mapped, (size_t)size) < 0)
-            rc = SFS_ENOMEM;
-    } else if (rc == SFS_OK) {
-        uint8_t *buf = malloc(HASH_CHUNK);
-        if (!buf)
-            rc = SFS_ENOMEM;
-        for (uint64_t done = 0; rc == SFS_OK && done < size;) {
-            size_t len = size - done < HASH_CHUNK ? (size_t)(size - done) : HASH_CHUNK;
-            rc = sfs_read(shard, off + done, buf, len);
-            if (rc == SFS_OK && hasher_update(&h, buf, len) < 0)
-                rc = SFS_ENOMEM;
-            done += len;
-        }
-        free(buf);
-    }
-    if (rc == SFS_OK && hasher_end(&h, digests) < 0)
-        rc = SFS_ENOMEM;
-    hasher_free(&h);
-    if (rc != SFS_OK)
-        return sfs_fail(err, rc, rc == SFS_EIO ? errno : 0, "%s: hashing slot %" PRIu64 ": %s",
-                        sfs_path(shard), slot, sfs_strstatus(rc));
-    memcpy(out, digests[kind == SFS_HASH_SHA1 ? 0 : 1], SFS_HX_DIGEST_SIZE);
+        return sfs_fail(err, rc, rc == SFS_EIO ? errno : 0, "%s: hashing slot %" PRIu64 ": %s", sfs_path(shard),
+                        slot, sfs_strstatus(rc));
     return SFS_OK;
 }
 
@@ -629,14 +667,19 @@ int sfs_hash_find(const sfs_shard_t *shard, const sfs_hashindex_t *hx,
     size_t total = sfs_hashindex_lookup(hx, digest, cand, 8);
     for (size_t i = 0; i < total && i < 8; i++) {
         uint8_t d[SFS_HX_DIGEST_SIZE], key[SFS_KEY_SIZE];
-        int rc = sfs_hash_slot(shard, cand[i], hx->kind, d, err);
+        uint64_t off, len;
+        int rc = sfs_slot_object(shard, cand[i], key, &off, &len);
         if (rc == SFS_ENOTFOUND || rc == SFS_ECORRUPT)
             continue; /* deleted since, or a damaged entry: not this one */
+        if (rc == SFS_OK)
+            rc = hash_object(shard, off, len, hx->kind, d);
         if (rc != SFS_OK)
-            return rc;
-        if (memcmp(d, digest, SFS_HX_DIGEST_SIZE) == 0 &&
-            sfs_slot_object(shard, cand[i], key, data_offset, size) == SFS_OK) {
+            return sfs_fail(err, rc, rc == SFS_EIO ? errno : 0, "%s: hashing slot %u: %s", sfs_path(shard), cand[i],
+                            sfs_strstatus(rc));
+        if (memcmp(d, digest, SFS_HX_DIGEST_SIZE) == 0) {
             *slot = cand[i];
+            *data_offset = off;
+            *size = len;
             return SFS_OK;
         }
     }

@@ -52,6 +52,10 @@ KINDS = {"sha1": 1, "sha1_git": 2}
 DIGEST_SIZE = 20
 #: A content SWHID is this followed by the sha1_git in hex.
 SWHID_PREFIX = "swh:1:cnt:"
+#: Up to this many indexed shards, a lookup asks each one's hash index
+#: (a binary search of one bucket each) rather than the levels first: a
+#: level costs one more read (a page of the level file) than it saves.
+DIRECT_SHARDS = 8
 
 
 class NoHashIndexError(ShardError):
@@ -341,6 +345,12 @@ class HashSet:
         self._unlevelled[name] = (stamp, out)
         return out
 
+    def direct(self, name: str) -> Optional[List]:
+        """Every served shard indexed by `name` when they are at most
+        DIRECT_SHARDS (a lookup asks each, not the levels), else None."""
+        indexed = [m for m in self.shards.served() if name in m.hashes]
+        return indexed if len(indexed) <= DIRECT_SHARDS else None
+
     def add_to_levels(self, members: Sequence, served: Iterable[bytes]) -> None:
         """Add `members` (indexed shards) to every hash's levels (in the
         builder process; the coordinator then `reload`s). OSError."""
@@ -407,9 +417,10 @@ class HashSet:
         opened or read is logged and skipped."""
         if name not in self.names:
             return None
-        candidates = self.unlevelled(name)
+        direct = self.direct(name)
+        candidates = self.unlevelled(name) if direct is None else direct
         level = self.levels.get(name)
-        if level is not None and level.levels:
+        if direct is None and level is not None and level.levels:
             numbers = set()
             key = digest_ + bytes(32 - DIGEST_SIZE)
             for lv in level.levels:
@@ -449,15 +460,17 @@ class HashSet:
         for level in self.levels.values():
             level.close()
 
-    def stats(self) -> Dict[str, object]:
+    def stats(self, probes: Optional[int] = None) -> Dict[str, object]:
         """For the stats xattr: per hash, the served shards indexed by it;
         the shards still to index; per hash, the indexed shards its levels
         do not hold yet; the shards asked by lookups in this process; the
-        bytes hashed of the build running, and its total."""
+        bytes hashed of the build running, and its total. `probes`: the
+        hash indexes asked in all (a mount's workers count them; default:
+        this process's `probes`)."""
         served = self.shards.served()
         out: Dict[str, object] = {n: sum(1 for m in served if n in m.hashes) for n in self.names}
         out["pending"] = len(self.pending())
         out["unlevelled"] = {n: len(self.unlevelled(n)) for n in self.names}
-        out["probes"] = self.probes
+        out["probes"] = self.probes if probes is None else probes
         out["hashed_bytes"], out["hashing_bytes"] = self.progress
         return out

@@ -101,8 +101,9 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want);
 void ll_fast_push_ahead(Session *s, fuse_ino_t ino);
 
 /* A fast path reading the published table sequence at `seq` (NULL: none
- * to follow) and counting lookups, index probes, objects pushed ahead and
- * pushes the kernel refused in stats[0..3] (NULL: its own). Returns NULL with MemoryError set. Under the GIL. */
+ * to follow) and counting lookups, index probes, objects pushed ahead,
+ * pushes the kernel refused and hash index probes in stats[0..4] (NULL:
+ * its own). Returns NULL with MemoryError set. Under the GIL. */
 struct ll_fast *ll_fast_new(const volatile int64_t *seq, int64_t *stats);
 void ll_fast_free(struct ll_fast *fast);
 /* Take the handlers' state again (fs.fast_state()), under the GIL. */

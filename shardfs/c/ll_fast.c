@@ -66,9 +66,9 @@ struct ll_fast {
     int64_t dir_time_ns;
     int64_t applied;          /* the shard table sequence the handlers applied */
     const volatile int64_t *seq; /* the published sequence (shared memory), or NULL */
-    int64_t *stats;           /* [4]: lookups, index probes, objects pushed ahead,
-                                 pushes refused (shared memory) */
-    int64_t own_stats[4];
+    int64_t *stats;           /* [5]: lookups, index probes, objects pushed ahead,
+                                 pushes refused, hash index probes (shared memory) */
+    int64_t own_stats[5];
     /* Streams of reads in listing order (ll_fast_push_ahead), under
      * ahead_lock: several readers (find | xargs -P4) read several parts of
      * a listing at once. */
@@ -91,6 +91,14 @@ struct ll_fast {
         uint64_t used;
     } sidecars[AHEAD_SIDECARS];
     PyObject *orders;         /* borrowed from `state`: per shard number, (sidecar path, identity) or None */
+    /* Names by sha1 ([0]) and sha1_git ([1]) (ll_fast_hash_lookup). */
+    struct fast_hash {
+        uint64_t dir_ino;     /* MOUNT/sha1 or MOUNT/sha1_git; 0: not served */
+        Py_ssize_t nlevels;
+        GlobalIndex **levels; /* [nlevels] levels over the digests, borrowed */
+        Py_buffer *views;     /* [nlevels] their maps, then the unlevelled shard numbers */
+        PyObject *indexes;    /* borrowed: per shard number, a HashIndex or None */
+    } hashes[2];
 };
 
 /* Forget the snapshot's views (under the table lock, or before any
@@ -108,6 +116,15 @@ static void fast_release_views(struct ll_fast *f)
     f->mtimes = NULL;
     f->nmtimes = 0;
     f->enabled = 0;
+    for (int k = 0; k < 2; k++) {
+        struct fast_hash *h = &f->hashes[k];
+        for (Py_ssize_t i = 0; h->views && i <= h->nlevels; i++)
+            if (h->views[i].obj)
+                PyBuffer_Release(&h->views[i]);
+        PyMem_Free(h->views);
+        PyMem_Free(h->levels);
+        memset(h, 0, sizeof(*h));
+    }
 }
 
 struct ll_fast *ll_fast_new(const volatile int64_t *seq, int64_t *stats)
@@ -137,13 +154,71 @@ void ll_fast_free(struct ll_fast *f)
 
 /* Build a snapshot's arrays from `st` (a fast_state() tuple) into `f`,
  * which no request reads. Returns 0, or -1 with an exception set. */
+/* The names by another hash of a snapshot: `hashes` is None or a pair
+ * (sha1, sha1_git), each None or (directory inode, levels, maps, indexes
+ * by shard number, an array('q') of the unlevelled shard numbers). */
+static int fast_build_hashes(struct ll_fast *f, PyObject *hashes)
+{
+    if (hashes == Py_None)
+        return 0;
+    if (!PyTuple_Check(hashes) || PyTuple_GET_SIZE(hashes) != 2) {
+        PyErr_SetString(PyExc_TypeError, "fast_state(): hashes must be None or a pair");
+        return -1;
+    }
+    for (int k = 0; k < 2; k++) {
+        PyObject *item = PyTuple_GET_ITEM(hashes, k), *levels, *maps, *indexes, *unlevelled;
+        unsigned long long ino;
+        if (item == Py_None)
+            continue;
+        if (!PyArg_ParseTuple(item, "KO!O!O!O", &ino, &PyTuple_Type, &levels, &PyTuple_Type, &maps, &PyTuple_Type,
+                              &indexes, &unlevelled))
+            return -1;
+        struct fast_hash *h = &f->hashes[k];
+        Py_ssize_t n = PyTuple_GET_SIZE(levels);
+        if (PyTuple_GET_SIZE(maps) != n) {
+            PyErr_SetString(PyExc_ValueError, "fast_state(): hash levels and maps differ");
+            return -1;
+        }
+        h->levels = PyMem_Calloc((size_t)n + 1, sizeof(*h->levels));
+        h->views = PyMem_Calloc((size_t)n + 1, sizeof(*h->views));
+        if (!h->levels || !h->views) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->nlevels = n;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!PyObject_TypeCheck(PyTuple_GET_ITEM(levels, i), &GlobalIndexType)) {
+                PyErr_SetString(PyExc_TypeError, "fast_state(): hash levels must be GlobalIndex objects");
+                return -1;
+            }
+            h->levels[i] = (GlobalIndex *)PyTuple_GET_ITEM(levels, i);
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, i), &h->views[i], PyBUF_SIMPLE) < 0)
+                return -1;
+        }
+        if (PyObject_GetBuffer(unlevelled, &h->views[n], PyBUF_SIMPLE) < 0)
+            return -1;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(indexes); i++) {
+            PyObject *o = PyTuple_GET_ITEM(indexes, i);
+            if (o != Py_None && !PyObject_TypeCheck(o, &HashIndexType)) {
+                PyErr_SetString(PyExc_TypeError, "fast_state(): hash indexes must be HashIndex or None");
+                return -1;
+            }
+        }
+        h->indexes = indexes;
+        h->dir_ino = ino;
+    }
+    return 0;
+}
+
 static int fast_build(struct ll_fast *f, PyObject *st)
 {
-    PyObject *open, *filters, *levels, *maps, *mtimes, *prefixes, *orders;
+    PyObject *open, *filters, *levels, *maps, *mtimes, *prefixes, *orders, *hashes = Py_None;
     long long dir_time_ns, applied;
-    if (!PyArg_ParseTuple(st, "O!OO!O!OO!LLO!", &OpenShardsType, &open, &filters, &PyTuple_Type, &levels,
+    if (!PyArg_ParseTuple(st, "O!OO!O!OO!LLO!|O", &OpenShardsType, &open, &filters, &PyTuple_Type, &levels,
                           &PyTuple_Type, &maps, &mtimes, &PyTuple_Type, &prefixes, &dir_time_ns, &applied,
-                          &PyTuple_Type, &orders))
+                          &PyTuple_Type, &orders, &hashes))
+        return -1;
+    if (fast_build_hashes(f, hashes) < 0)
         return -1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(orders); i++) {
         PyObject *o = PyTuple_GET_ITEM(orders, i);
@@ -249,6 +324,7 @@ void ll_fast_refresh(struct ll_fast *f, PyObject *fs)
     f->dir_time_ns = fresh.dir_time_ns;
     f->applied = fresh.applied;
     f->orders = fresh.orders;
+    memcpy(f->hashes, fresh.hashes, sizeof(f->hashes));
     table_write_unlock();
     pthread_mutex_lock(&f->ahead_lock); /* shard numbers may name other shards now */
     for (int i = 0; i < AHEAD_SIDECARS; i++) {
@@ -408,10 +484,125 @@ static sfs_shard_t *fast_shard(struct ll_fast *f, uint32_t number, int64_t *mtim
     return open->entries[number].shard;
 }
 
+static __attribute__((noinline)) int g_hash_find(const sfs_shard_t *shard, const sfs_hashindex_t *hx,
+                                                 const uint8_t *digest, uint32_t *slot, uint64_t *off, uint64_t *size)
+{
+    int rc = SFS_OK;
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_hash_find(shard, hx, digest, slot, off, size, NULL));
+    return rc;
+}
+
+#define SWHID_PREFIX "swh:1:cnt:"
+#define SWHID_PREFIX_LEN 10
+
+/* LOOKUP of a name by another hash: `hex` (40 lowercase hex digits) in
+ * MOUNT/sha1 or MOUNT/sha1_git, or a content SWHID in the root (kind 1:
+ * sha1_git). The levels over the digests and the unlevelled shards give
+ * the candidates; each is asked through its hash index, and the object it
+ * proposes is hashed again (sfs_hash_find) before it is answered, with the
+ * inode of its slot. Under the table read lock, held throughout (the hash
+ * indexes are unmapped under the write lock: HashIndex.close). Returns 0
+ * (lock released) when the handlers must answer: no snapshot for this
+ * hash, a candidate not open here or without its index, an error. */
+static int fast_hash_lookup(Session *s, struct ll_fast *f, fuse_req_t req, int kind, const char *hex)
+{
+    struct fast_hash *h = &f->hashes[kind];
+    struct fuse_entry_param e;
+    memset(&e, 0, sizeof(e));
+    e.entry_timeout = e.attr_timeout = s->entry_timeout; /* negative unless found */
+    uint8_t key[SFS_KEY_SIZE] = {0};
+    for (int i = 0; i < 2 * SFS_HX_DIGEST_SIZE; i++) {
+        char c = hex[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0) {
+            table_read_unlock();
+            fuse_reply_entry(req, &e);
+            return 1;
+        }
+        key[i / 2] = (uint8_t)(key[i / 2] << 4 | v);
+    }
+    int64_t cand[LOOKUP_STACK];
+    size_t k = 0;
+    for (Py_ssize_t i = 0; i < h->nlevels; i++) {
+        const GlobalIndex *lv = h->levels[i];
+        uint32_t out[LOOKUP_STACK];
+        size_t found = 0;
+        if (!lv->g || lv->closed || g_gindex_lookup(lv->g, key, out, LOOKUP_STACK, &found) != SFS_OK ||
+            found > LOOKUP_STACK)
+            goto handlers;
+        const int64_t *map = h->views[i].buf;
+        size_t nmap = (size_t)h->views[i].len / sizeof(int64_t);
+        for (size_t j = 0; j < found; j++) {
+            int64_t number = out[j] < nmap ? __atomic_load_n(&map[out[j]], __ATOMIC_RELAXED) : -1;
+            if (number < 0)
+                continue;
+            if (k == LOOKUP_STACK)
+                goto handlers;
+            cand[k++] = number;
+        }
+    }
+    const int64_t *unlevelled = h->views[h->nlevels].buf;
+    size_t nun = (size_t)h->views[h->nlevels].len / sizeof(int64_t);
+    for (size_t j = 0; j < nun; j++) {
+        if (k == LOOKUP_STACK)
+            goto handlers;
+        cand[k++] = unlevelled[j];
+    }
+    qsort(cand, k, sizeof(int64_t), cmp_i64);
+    size_t probed = 0;
+    for (size_t j = 0; j < k; j++) {
+        if (j && cand[j] == cand[j - 1])
+            continue;
+        int64_t mtime;
+        sfs_shard_t *shard = fast_shard(f, (uint32_t)cand[j], &mtime);
+        PyObject *o = cand[j] < PyTuple_GET_SIZE(h->indexes) ? PyTuple_GET_ITEM(h->indexes, cand[j]) : Py_None;
+        const sfs_hashindex_t *hx = o != Py_None ? ((HashIndex *)o)->hx : NULL;
+        if (!shard || !hx)
+            goto handlers;
+        uint32_t slot;
+        uint64_t off, size;
+        int rc = g_hash_find(shard, hx, key, &slot, &off, &size);
+        probed++;
+        if (rc == SFS_ENOTFOUND)
+            continue;
+        if (rc != SFS_OK)
+            goto handlers;
+        sfs_prefetch(shard, off, size < PREFETCH_BYTES ? size : PREFETCH_BYTES);
+        e.ino = ((uint64_t)(cand[j] + 1) << SFS_LL_OBJECT_SHIFT) | slot;
+        ll_fill_attr(s, &e.attr, e.ino, 0, size, mtime);
+        e.entry_timeout = e.attr_timeout = s->cache_timeout;
+        break;
+    }
+    table_read_unlock();
+    __atomic_fetch_add(&f->stats[4], (int64_t)probed, __ATOMIC_RELAXED);
+    fuse_reply_entry(req, &e);
+    return 1;
+handlers:
+    table_read_unlock();
+    return 0;
+}
+
 int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct ll_fast *f = s->fast;
-    if (strnlen(name, SFS_LL_NAME_SIZE + 1) != SFS_LL_NAME_SIZE || !fast_begin(f))
+    size_t len = strnlen(name, SFS_LL_NAME_SIZE + 1);
+    if (len == 2 * SFS_HX_DIGEST_SIZE || len == SWHID_PREFIX_LEN + 2 * SFS_HX_DIGEST_SIZE) {
+        if (!fast_begin(f))
+            return 0;
+        for (int kind = 0; kind < 2; kind++) {
+            struct fast_hash *h = &f->hashes[kind];
+            if (!h->dir_ino)
+                continue;
+            if (len == 2 * SFS_HX_DIGEST_SIZE && parent == h->dir_ino)
+                return fast_hash_lookup(s, f, req, kind, name);
+            if (kind == 1 && len > 2 * SFS_HX_DIGEST_SIZE && parent == SFS_LL_ROOT_INODE &&
+                memcmp(name, SWHID_PREFIX, SWHID_PREFIX_LEN) == 0)
+                return fast_hash_lookup(s, f, req, kind, name + SWHID_PREFIX_LEN);
+        }
+        table_read_unlock();
+        return 0;
+    }
+    if (len != SFS_LL_NAME_SIZE || !fast_begin(f))
         return 0;
     uint8_t key[SFS_KEY_SIZE];
     uint64_t prefix = 0;

@@ -4,7 +4,6 @@
  * sha1 or sha1_git.
  */
 #include "py_module.h"
-#include "hashindex.h"
 
 /* A damaged or another shard's index file raises StaleSidecarError (it is
  * a cache, built again); the rest as raise_error. */
@@ -37,11 +36,6 @@ static int get_kind(int kind)
     PyErr_Format(PyExc_ValueError, "hash kind must be 1 (sha1) or 2 (sha1_git), not %d", kind);
     return -1;
 }
-
-typedef struct {
-    PyObject_HEAD
-    sfs_hashindex_t *hx;
-} HashIndex;
 
 static void HashIndex_dealloc(HashIndex *self)
 {
@@ -89,8 +83,11 @@ static int hx_ready(HashIndex *self)
 
 static PyObject *HashIndex_close(HashIndex *self, PyObject *unused)
 {
-    sfs_hashindex_close(self->hx);
+    sfs_hashindex_t *hx = self->hx;
+    table_write_lock(); /* no request reads it any more (ll_fast.c) */
     self->hx = NULL;
+    table_write_unlock();
+    sfs_hashindex_close(hx);
     Py_RETURN_NONE;
 }
 

@@ -27,6 +27,7 @@
 #include "shard.h"
 #include "sidecar.h"
 #include "gindex.h"
+#include "hashindex.h"
 
 /* Nothing here is exported from the shared object but PyInit__shardfs. */
 #pragma GCC visibility push(hidden)
@@ -113,6 +114,15 @@ int get_identity(PyObject *obj, uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE]);
  * set (the arrays stay valid at their old capacity). */
 int grow_dense(void **items, size_t item_size, unsigned char **bytes, Py_ssize_t *cap,
                Py_ssize_t i, Py_ssize_t initial);
+
+/* ---------------------------------------------------------------- HashIndex (py_hashindex.c) */
+
+/* An open hash index; the request path (ll_fast.c) reads `hx` under the
+ * table read lock, and close() unmaps it under the write lock. */
+typedef struct {
+    PyObject_HEAD
+    sfs_hashindex_t *hx;
+} HashIndex;
 
 /* ---------------------------------------------------------------- Reader */
 

@@ -257,8 +257,9 @@ static int words_buffer(PyObject *obj, Py_buffer *view, size_t words, const char
  * requests are counted by kind (shared memory), else the session's own.
  * `seq`: the word where the coordinator publishes its shard table's
  * sequence (requests go to the handlers until they applied it); `stats`:
- * four words counting the lookups and index probes answered in C, the
- * objects pushed ahead and the pushes the kernel refused (ll_fast.c). Returns
+ * five words counting the lookups and index probes answered in C, the
+ * objects pushed ahead, the pushes the kernel refused and the hash index
+ * probes of lookups by sha1 or sha1_git (ll_fast.c). Returns
  * libfuse's status (0: unmounted). */
 static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
 {
@@ -285,7 +286,7 @@ static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
     }
     if (seq != Py_None && words_buffer(seq, &self->seq_view, 1, "seq") < 0)
         return NULL;
-    if (stats != Py_None && words_buffer(stats, &self->stats_view, 4, "stats") < 0)
+    if (stats != Py_None && words_buffer(stats, &self->stats_view, 5, "stats") < 0)
         return NULL;
     self->fast = ll_fast_new(self->seq_view.obj ? self->seq_view.buf : NULL,
                              self->stats_view.obj ? self->stats_view.buf : NULL);

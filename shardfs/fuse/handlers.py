@@ -177,6 +177,10 @@ class RequestHooks:
         """(lookups, index probes) made by the shard set since the mount."""
         return (self.shards.lookups, self.shards.probes)
 
+    def hash_probes(self) -> int:
+        """Hash indexes asked by lookups by sha1 or sha1_git since the mount."""
+        return self.shards.hashes.probes if self.shards.hashes is not None else 0
+
     def pushes(self) -> Tuple[int, int]:
         """(objects pushed into the kernel's page cache ahead of their
         reads, pushes the kernel refused: it no longer had the inode)
@@ -291,10 +295,12 @@ class ShardFS:
             return None
         shards = self.shards
         levels, maps = shards.index.lookup_args if shards.index is not None else ((), ())
-        made_of = (shards.version, levels, maps, getattr(self.hooks, "seen", 0))
+        hashes = shards.hashes
+        made_of = (shards.version, levels, maps, getattr(self.hooks, "seen", 0),
+                   hashes.generation if hashes is not None else None)
         old, state = self._fast
         if old is not None and old[0] == made_of[0] and old[1] is levels and old[2] is maps \
-                and old[3] == made_of[3]:
+                and old[3] == made_of[3] and old[4] == made_of[4]:
             return state
         mtimes = array.array("q", [-1]) * (max(shards.shards, default=-1) + 1)
         for member in shards.served():
@@ -306,9 +312,37 @@ class ShardFS:
                 orders[member.number] = (os.fsencode(sidecar_mod.sidecar_path(member.sidecar_dir, member.identity)),
                                          member.identity)
         state = (shards.open_table, shards.filters if len(shards.filters) else None, levels, maps, mtimes,
-                 prefixes, self._dir_time_ns, made_of[3], tuple(orders))
+                 prefixes, self._dir_time_ns, made_of[3], tuple(orders), self._fast_hashes(len(mtimes)))
         self._fast = (made_of, state)
         return state
+
+    def _fast_hashes(self, numbers: int) -> Any:
+        """The names by sha1 and sha1_git for the C request path: None, or
+        a pair (sha1, sha1_git), each None or (its directory's inode, the
+        levels over its digests, their maps, the `HashIndex` of each shard
+        number or None, an array('q') of the indexed shards the levels do
+        not hold). Every index of a served shard is opened here."""
+        hashes = self.shards.hashes
+        if hashes is None or self.winery is not None:
+            return None
+        out = []
+        for name in ("sha1", "sha1_git"):
+            if name not in hashes.names:
+                out.append(None)
+                continue
+            level = hashes.levels.get(name)
+            levels, maps = level.lookup_args if level is not None else ((), ())
+            indexes: List[Any] = [None] * numbers
+            for member in self.shards.served():
+                if name in member.hashes and member.number < numbers:
+                    indexes[member.number] = hashes.index_of(member, name)
+            direct = hashes.direct(name)
+            if direct is not None:  # few shards: each asked, not the levels
+                levels, maps = (), ()
+            unlevelled = array.array("q", [m.number for m in (direct if direct is not None
+                                                               else hashes.unlevelled(name))])
+            out.append((HASH_DIR_INODES[name], levels, maps, tuple(indexes), unlevelled))
+        return tuple(out)
 
     # ------------------------------------------------------------ helpers
 
@@ -729,7 +763,7 @@ class ShardFS:
             "objects": sum(m.objects_count for m in served),
             "workers": self.hooks.per_process(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,
-            "hashes": self.shards.hashes.stats() if self.shards.hashes is not None else None,
+            "hashes": self.shards.hashes.stats(self.hooks.hash_probes()) if self.shards.hashes is not None else None,
         }
 
     @_handler

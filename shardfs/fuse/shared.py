@@ -56,11 +56,11 @@ _HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes
 SEQ = 0
 _TABLE_LEN = 1
 ROW_WORDS = 64
-# Row layout: LOOKUPS..PUSH_REFUSED are the words the C request path
+# Row layout: LOOKUPS..HASH_PROBES are the words the C request path
 # counts in (shardfs/c/ll_fast.c: lookups, index probes, objects pushed
 # into the kernel's page cache ahead of their reads, pushes the kernel
-# refused).
-LOOKUPS, PROBES, PUSHED, PUSH_REFUSED, RING_NEXT = 2, 3, 4, 5, 6
+# refused, hash index probes of lookups by sha1 or sha1_git).
+LOOKUPS, PROBES, PUSHED, PUSH_REFUSED, HASH_PROBES, RING_NEXT = 2, 3, 4, 5, 6, 7
 KINDS = 8
 
 
@@ -152,6 +152,10 @@ class SharedState:
         """(lookups, index probes) over every worker."""
         rows = [self.row(p) for p in range(self.workers)]
         return (sum(self.words[r + LOOKUPS] for r in rows), sum(self.words[r + PROBES] for r in rows))
+
+    def hash_probes(self) -> int:
+        """Hash indexes asked by lookups by sha1 or sha1_git, over every worker."""
+        return sum(self.words[self.row(p) + HASH_PROBES] for p in range(self.workers))
 
     def pushes(self) -> Tuple[int, int]:
         """(objects pushed ahead of their reads into the kernel's page

@@ -39,7 +39,7 @@ from typing import Any, Dict
 
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.shardset import MountedShard, ShardSet
-from shardfs.fuse.shared import LOOKUPS, PROBES, PUSH_REFUSED, SEQ, SharedState
+from shardfs.fuse.shared import HASH_PROBES, LOOKUPS, PROBES, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -89,6 +89,10 @@ class WorkerHooks(RequestHooks):
         words[row + LOOKUPS] += lookups - self.last_lookups
         words[row + PROBES] += probes - self.last_probes
         self.last_lookups, self.last_probes = lookups, probes
+        if self.shards.hashes is not None:
+            hashed = self.shards.hashes.probes
+            words[row + HASH_PROBES] += hashed - self.last_hash_probes
+            self.last_hash_probes = hashed
 
     def requests(self) -> Dict[str, int]:
         return self.state.requests()
@@ -99,6 +103,9 @@ class WorkerHooks(RequestHooks):
     def pushes(self) -> "tuple[int, int]":
         return self.state.pushes()
 
+    def hash_probes(self) -> int:
+        return self.state.hash_probes()
+
     def per_process(self) -> "list[int]":
         return self.state.per_position()
 
@@ -107,6 +114,7 @@ class WorkerHooks(RequestHooks):
         of the worker it replaces: only what its shard set counts from now
         on is added)."""
         self.last_lookups, self.last_probes = self.shards.lookups, self.shards.probes
+        self.last_hash_probes = self.shards.hashes.probes if self.shards.hashes is not None else 0
 
     def wait_for_publish(self, timeout: float) -> bool:
         """Wait at most `timeout` seconds for the coordinator to publish a
@@ -226,7 +234,7 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
         log.debug("worker %d (position %d) serving with up to %d threads", os.getpid(), position, threads)
         row = state.row(position)
         rc = session.serve(threads, counts=state.counts(position), seq=state.words[SEQ:SEQ + 1],
-                           stats=state.words[row + LOOKUPS:row + PUSH_REFUSED + 1])
+                           stats=state.words[row + LOOKUPS:row + HASH_PROBES + 1])
         status = 0 if rc == 0 else 1
         if fs.winery is not None:
             fs.winery.close()  # this worker's database connections

@@ -154,6 +154,35 @@ void ll_fast_free(struct ll_fast *f)
 
 /* Build a snapshot's arrays from `st` (a fast_state() tuple) into `f`,
  * which no request reads. Returns 0, or -1 with an exception set. */
+/* The global index levels (GlobalIndex objects, borrowed) and their maps
+ * (buffers, held until fast_release_views) of a snapshot into *lv, *views
+ * (one more view left for the caller) and *n. 0, or -1 with an exception. */
+static int take_levels(PyObject *levels, PyObject *maps, GlobalIndex ***lv, Py_buffer **views, Py_ssize_t *n)
+{
+    *n = PyTuple_GET_SIZE(levels);
+    if (PyTuple_GET_SIZE(maps) != *n) {
+        PyErr_SetString(PyExc_ValueError, "fast_state(): levels and maps differ");
+        return -1;
+    }
+    *lv = PyMem_Calloc((size_t)*n + 1, sizeof(**lv));
+    *views = PyMem_Calloc((size_t)*n + 1, sizeof(**views));
+    if (!*lv || !*views) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        PyObject *level = PyTuple_GET_ITEM(levels, i);
+        if (!PyObject_TypeCheck(level, &GlobalIndexType)) {
+            PyErr_SetString(PyExc_TypeError, "fast_state(): levels must be GlobalIndex objects");
+            return -1;
+        }
+        (*lv)[i] = (GlobalIndex *)level;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, i), &(*views)[i], PyBUF_SIMPLE) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* The names by another hash of a snapshot: `hashes` is None or a pair
  * (sha1, sha1_git), each None or (directory inode, levels, maps, indexes
  * by shard number, an array('q') of the unlevelled shard numbers). */
@@ -174,28 +203,8 @@ static int fast_build_hashes(struct ll_fast *f, PyObject *hashes)
                               &indexes, &unlevelled))
             return -1;
         struct fast_hash *h = &f->hashes[k];
-        Py_ssize_t n = PyTuple_GET_SIZE(levels);
-        if (PyTuple_GET_SIZE(maps) != n) {
-            PyErr_SetString(PyExc_ValueError, "fast_state(): hash levels and maps differ");
-            return -1;
-        }
-        h->levels = PyMem_Calloc((size_t)n + 1, sizeof(*h->levels));
-        h->views = PyMem_Calloc((size_t)n + 1, sizeof(*h->views));
-        if (!h->levels || !h->views) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        h->nlevels = n;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (!PyObject_TypeCheck(PyTuple_GET_ITEM(levels, i), &GlobalIndexType)) {
-                PyErr_SetString(PyExc_TypeError, "fast_state(): hash levels must be GlobalIndex objects");
-                return -1;
-            }
-            h->levels[i] = (GlobalIndex *)PyTuple_GET_ITEM(levels, i);
-            if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, i), &h->views[i], PyBUF_SIMPLE) < 0)
-                return -1;
-        }
-        if (PyObject_GetBuffer(unlevelled, &h->views[n], PyBUF_SIMPLE) < 0)
+        if (take_levels(levels, maps, &h->levels, &h->views, &h->nlevels) < 0 ||
+            PyObject_GetBuffer(unlevelled, &h->views[h->nlevels], PyBUF_SIMPLE) < 0)
             return -1;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(indexes); i++) {
             PyObject *o = PyTuple_GET_ITEM(indexes, i);
@@ -230,32 +239,18 @@ static int fast_build(struct ll_fast *f, PyObject *st)
         }
     }
     f->orders = orders;
-    Py_ssize_t n = PyTuple_GET_SIZE(levels), depth = PyTuple_GET_SIZE(prefixes);
-    if (PyTuple_GET_SIZE(maps) != n || depth > SFS_LL_MAX_DEPTH) {
-        PyErr_SetString(PyExc_ValueError, "fast_state(): levels and maps differ, or too deep a layout");
+    Py_ssize_t depth = PyTuple_GET_SIZE(prefixes);
+    if (depth > SFS_LL_MAX_DEPTH) {
+        PyErr_SetString(PyExc_ValueError, "fast_state(): too deep a layout");
         return -1;
     }
     if (filters != Py_None && !PyObject_TypeCheck(filters, &SidecarSetType)) {
         PyErr_SetString(PyExc_TypeError, "fast_state(): filters must be a SidecarSet or None");
         return -1;
     }
-    f->levels = PyMem_Calloc((size_t)n + 1, sizeof(*f->levels));
-    f->views = PyMem_Calloc((size_t)n + 1, sizeof(*f->views));
-    if (!f->levels || !f->views) {
-        PyErr_NoMemory();
+    if (take_levels(levels, maps, &f->levels, &f->views, &f->nlevels) < 0)
         return -1;
-    }
-    f->nlevels = n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *lv = PyTuple_GET_ITEM(levels, i);
-        if (!PyObject_TypeCheck(lv, &GlobalIndexType)) {
-            PyErr_SetString(PyExc_TypeError, "fast_state(): levels must be GlobalIndex objects");
-            return -1;
-        }
-        f->levels[i] = (GlobalIndex *)lv;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, i), &f->views[i], PyBUF_SIMPLE) < 0)
-            return -1;
-    }
+    Py_ssize_t n = f->nlevels;
     if (PyObject_GetBuffer(mtimes, &f->views[n], PyBUF_SIMPLE) < 0)
         return -1;
     f->mtimes = f->views[n].buf;

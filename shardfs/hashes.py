@@ -301,6 +301,7 @@ class HashSet:
                     continue
                 self.levels[name] = level
         self._unlevelled: Dict[str, Tuple[object, List]] = {}
+        self._direct: Dict[str, Tuple[object, Optional[List]]] = {}
         for member in shards.served():
             self.attach(member)
 
@@ -348,8 +349,12 @@ class HashSet:
     def direct(self, name: str) -> Optional[List]:
         """Every served shard indexed by `name` when they are at most
         DIRECT_SHARDS (a lookup asks each, not the levels), else None."""
-        indexed = [m for m in self.shards.served() if name in m.hashes]
-        return indexed if len(indexed) <= DIRECT_SHARDS else None
+        stamp = (self.shards.version, self.generation)
+        cached = self._direct.get(name)
+        if cached is None or cached[0] != stamp:
+            indexed = [m for m in self.shards.served() if name in m.hashes]
+            cached = self._direct[name] = (stamp, indexed if len(indexed) <= DIRECT_SHARDS else None)
+        return cached[1]
 
     def add_to_levels(self, members: Sequence, served: Iterable[bytes]) -> None:
         """Add `members` (indexed shards) to every hash's levels (in the

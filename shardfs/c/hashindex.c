@@ -339,7 +339,7 @@ static int reader_at(reader_t *r, uint64_t pos, uint64_t want, const uint8_t **p
         r->start = pos;
         r->len = (uint64_t)n;
         /* the next window comes from the device while this one is hashed */
-        posix_fadvise(r->fd, (off_t)(pos + (uint64_t)n), BUILD_BUFFER, POSIX_FADV_WILLNEED);
+        posix_fadvise(r->fd, (off_t)(pos + (uint64_t)n), 4 * BUILD_BUFFER, POSIX_FADV_WILLNEED);
     }
     *p = r->buf + (pos - r->start);
     *got = r->start + r->len - pos;

@@ -315,3 +315,27 @@ def test_hash_lookups_ask_only_the_shard_that_holds_the_object(tmp_path, mounter
     name = point / "sha1_git" / hashes.digest("sha1_git", data).hex()
     assert wait_until(lambda: name.exists(), timeout=30), stats()
     assert name.read_bytes() == data
+
+
+def test_takedown_hides_the_names_by_hash_too(tmp_path, mounter):
+    """`shardfs delete` of an object read through its sha1_git and SWHID
+    names (cached by the kernel): those names fail at once, like its key;
+    the builder logged its work."""
+    blobs = _blobs(30, 20)
+    objects = _shard(tmp_path / "s.shard", blobs)
+    log_file = tmp_path / "mount.log"
+    point = mounter.mount(tmp_path / "s.shard", tmp_path / "m", "-o", "hashes=sha1:sha1_git",
+                          "--log-file", log_file)
+    stats = lambda: json.loads(os.getxattr(point, "user.shardfs.stats"))["hashes"]  # noqa: E731
+    assert wait_until(lambda: stats()["pending"] == 0, timeout=30), stats()
+    key, data = next((k, d) for k, d in objects.items() if d)
+    git = hashes.digest("sha1_git", data).hex()
+    names = [point / "sha1_git" / git, point / f"swh:1:cnt:{git}", point / "sha1" / hashes.digest("sha1", data).hex()]
+    for name in names:
+        assert name.read_bytes() == data
+    run(SHARDFS + ["delete", "--yes", tmp_path / "s.shard", key.hex()], check=True)
+    for name in names + [point / key.hex()]:
+        with pytest.raises(FileNotFoundError):
+            name.read_bytes()
+    text = log_file.read_text()
+    assert "indexing by sha1, sha1_git" in text and "indexed by sha1, sha1_git in" in text

@@ -56,6 +56,9 @@ SWHID_PREFIX = "swh:1:cnt:"
 #: (a binary search of one bucket each) rather than the levels first: a
 #: level costs one more read (a page of the level file) than it saves.
 DIRECT_SHARDS = 8
+#: Digests a HashSet remembers as checked (their object hashed and found
+#: equal), so that a hot object is hashed once, not at every lookup.
+CHECKED_CACHE = 65536
 
 
 class NoHashIndexError(ShardError):
@@ -302,6 +305,8 @@ class HashSet:
                 self.levels[name] = level
         self._unlevelled: Dict[str, Tuple[object, List]] = {}
         self._direct: Dict[str, Tuple[object, Optional[List]]] = {}
+        #: (hash name, digest) -> (shard number, slot) of objects checked.
+        self._checked: Dict[Tuple[str, bytes], Tuple[int, int]] = {}
         for member in shards.served():
             self.attach(member)
 
@@ -419,9 +424,23 @@ class HashSet:
         `name` digest is `digest_` (20 bytes), as (shard, slot,
         data_offset, size), or None. Each candidate object is hashed again
         before it is answered (module docstring). A shard that cannot be
-        opened or read is logged and skipped."""
+        opened or read is logged and skipped. The last CHECKED_CACHE
+        digests found are remembered with their slot: found again, the
+        object is not hashed again (its bytes cannot change), but its slot
+        is read again (a takedown is seen at once)."""
         if name not in self.names:
             return None
+        hit = self._checked.get((name, digest_))
+        if hit is not None:
+            member = self.shards.get(hit[0])
+            if member is not None and not member.removed and name in member.hashes:
+                try:
+                    live = self.shards.open_shard(member).slot(hit[1])
+                except (OSError, ShardError):
+                    live = None
+                if live is not None:
+                    return (member, hit[1], live[1], live[2])
+            del self._checked[(name, digest_)]
         direct = self.direct(name)
         candidates = self.unlevelled(name) if direct is None else direct
         level = self.levels.get(name)
@@ -445,6 +464,9 @@ class HashSet:
                 log.warning("%s: looking up a %s: %s", member.path, name, exc)
                 continue
             if found is not None:
+                if len(self._checked) >= CHECKED_CACHE:
+                    self._checked.clear()
+                self._checked[(name, digest_)] = (member.number, found[0])
                 return (member, found[0], found[1], found[2])
         return None
 

@@ -23,6 +23,7 @@ from swh.model.hashutil import MultiHash
 from swh.model.swhids import CoreSWHID, ObjectType
 
 from shardfs import Shard, ShardWriter, hashes, sidecar
+from shardfs import delete as shardfs_delete
 
 #: Files every Debian machine has (base-files, bash, coreutils...).
 SOURCES = ["/usr/share/common-licenses", "/usr/share/doc/bash", "/usr/share/doc/coreutils", "/etc/debian_version"]
@@ -339,3 +340,36 @@ def test_takedown_hides_the_names_by_hash_too(tmp_path, mounter):
             name.read_bytes()
     text = log_file.read_text()
     assert "indexing by sha1, sha1_git" in text and "indexed by sha1, sha1_git in" in text
+
+
+def test_shard_set_finds_by_hash_and_sees_takedowns(tmp_path):
+    """A ShardSet's HashSet (what the objstorage and the mount's handlers
+    use) over three shards: every object found by sha1 and sha1_git, the
+    second time from the digests it remembers as checked; a takedown is
+    seen at the next lookup all the same."""
+    from shardfs.shardset import open_shard_set
+
+    objects, paths = {}, []
+    for i in range(3):
+        paths.append(str(tmp_path / f"{i}.shard"))
+        objects.update(_shard(Path(paths[-1]), _blobs(40 + i, 30)))
+    cache = str(tmp_path / "cache")
+    for path in paths:
+        with Shard(path) as s:
+            hashes.build(s, hashes.HASH_NAMES, cache)
+    shards = open_shard_set(paths, cache_dir=cache)
+    shards.hashes = hashes.HashSet(shards, hashes.HASH_NAMES)
+    try:
+        assert shards.hashes.scan() == 3
+        for _ in range(2):
+            for key, data in objects.items():
+                for name in hashes.HASH_NAMES:
+                    member, slot, off, size = shards.hashes.find(name, hashes.digest(name, data))
+                    assert member.shard.pread(off, size, 0, size) == data
+        assert shards.hashes.find("sha1", os.urandom(20)) is None
+        key, data = next((k, d) for k, d in objects.items() if len(d) > 100)  # in one shard only
+        member = shards.find(key)[0]
+        shardfs_delete(member.path, [key])
+        assert shards.hashes.find("sha1_git", hashes.digest("sha1_git", data)) is None
+    finally:
+        shards.close()

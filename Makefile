@@ -15,11 +15,11 @@ CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-co
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
 	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
-	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c
+	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
-	shardfs/c/gindex.h shardfs/c/ll_names.h
+	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
 	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
@@ -61,8 +61,12 @@ tests/c/test_chd_build: tests/c/test_chd_build.c tests/c/check.h $(C_SOURCES) $(
 tests/c/test_ll_names: tests/c/test_ll_names.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_ll_names.c $(C_SOURCES) $(LIBS_C) -lpthread
 
+tests/c/test_hashindex: tests/c/test_hashindex.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_hashindex.c $(C_SOURCES) $(LIBS_C) -lpthread
+
 test-c: apt tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex tests/c/test_chd_build \
-		tests/c/test_ll_names
+		tests/c/test_ll_names tests/c/test_hashindex
+	./tests/c/test_hashindex
 	./tests/c/test_shard
 	./tests/c/test_sidecar
 	./tests/c/test_gindex
@@ -120,7 +124,8 @@ SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 SAN_DIR := build/asan
 SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py tests/test_sigbus_guard.py \
-	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py
+	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py \
+	tests/test_hashes.py
 FUZZ_DIR ?= build/fuzz
 FUZZ_HARNESSES := shard sidecar ll_names
 FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c shardfs/c/output.c \
@@ -138,13 +143,14 @@ $(SAN_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
 test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/test_gindex \
-		$(SAN_DIR)/test_chd_build $(SAN_DIR)/test_ll_names \
+		$(SAN_DIR)/test_chd_build $(SAN_DIR)/test_ll_names $(SAN_DIR)/test_hashindex \
 		$(foreach h,$(FUZZ_HARNESSES),$(SAN_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_shard
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_sidecar
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_gindex
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_chd_build
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_ll_names
+	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_hashindex
 	$(foreach h,$(FUZZ_HARNESSES),$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 \
 	  ./$(SAN_DIR)/replay_$(h) $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 	rm -rf $(SAN_DIR)/py $(SAN_DIR)/tmp
@@ -180,13 +186,14 @@ $(VG_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
 test-valgrind: apt venv $(VG_DIR)/test_shard $(VG_DIR)/test_sidecar $(VG_DIR)/test_gindex \
-		$(VG_DIR)/test_chd_build $(VG_DIR)/test_ll_names \
+		$(VG_DIR)/test_chd_build $(VG_DIR)/test_ll_names $(VG_DIR)/test_hashindex \
 		$(foreach h,$(FUZZ_HARNESSES),$(VG_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(VALGRIND) ./$(VG_DIR)/test_shard
 	$(VALGRIND) ./$(VG_DIR)/test_sidecar
 	$(VALGRIND) ./$(VG_DIR)/test_gindex
 	$(VALGRIND) ./$(VG_DIR)/test_chd_build
 	$(VALGRIND) ./$(VG_DIR)/test_ll_names
+	$(VALGRIND) ./$(VG_DIR)/test_hashindex
 	$(foreach h,$(FUZZ_HARNESSES),$(VALGRIND) -q ./$(VG_DIR)/replay_$(h) \
 	  $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 
@@ -244,4 +251,4 @@ fuzz-coverage: apt $(foreach h,$(FUZZ_HARNESSES),$(FUZZ_DIR)/bin/cov_$(h)) $(FUZ
 # (the .so of the editable install goes too: the next `make venv` rebuilds it)
 clean:
 	rm -rf build *.egg-info tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex \
-	  tests/c/test_chd_build tests/c/test_ll_names shardfs/*.so $(VENV)/.stamp
+	  tests/c/test_chd_build tests/c/test_ll_names tests/c/test_hashindex shardfs/*.so $(VENV)/.stamp

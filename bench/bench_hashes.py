@@ -9,7 +9,9 @@ both names):
   shard with its `HashSet`: find + read of each object (`find(key)` then
   `pread`; `hashes.find("sha1_git", digest)`, which hashes each candidate
   again, then `pread`), objects per second, `warm` (pages cached, one
-  untimed pass first) and `cold` (drop_caches, the set opened afresh).
+  untimed pass first: the set also remembers the digests it checked then,
+  as a long-running reader of hot objects does) and `cold` (drop_caches,
+  the set opened afresh, nothing remembered).
 - `mount`: bench/c/open_read.c (open, read to EOF, close; no Python)
   through a flat mount with `-o hashes=sha1_git`: `MNT/<key>` against
   `MNT/sha1_git/<hex>`, `cold` (mounted anew, caches dropped) and `warm`

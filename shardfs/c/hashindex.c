@@ -176,22 +176,6 @@ static int hash_object(const sfs_shard_t *shard, uint64_t off, uint64_t size, in
     return rc;
 }
 
-int sfs_hash_slot(const sfs_shard_t *shard, uint64_t slot, int kind, uint8_t out[SFS_HX_DIGEST_SIZE],
-                  sfs_error_t *err)
-{
-    if (kind != SFS_HASH_SHA1 && kind != SFS_HASH_SHA1_GIT)
-        return sfs_fail(err, SFS_EINVAL, 0, "unknown hash kind %d", kind);
-    uint8_t key[SFS_KEY_SIZE];
-    uint64_t off, size;
-    int rc = sfs_slot_object(shard, slot, key, &off, &size);
-    if (rc == SFS_OK)
-        rc = hash_object(shard, off, size, kind, out);
-    if (rc != SFS_OK)
-        return sfs_fail(err, rc, rc == SFS_EIO ? errno : 0, "%s: hashing slot %" PRIu64 ": %s", sfs_path(shard),
-                        slot, sfs_strstatus(rc));
-    return SFS_OK;
-}
-
 /* ---------------------------------------------------------------- writing */
 
 typedef struct {

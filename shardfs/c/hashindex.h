@@ -64,14 +64,6 @@ enum sfs_hash_kind { SFS_HASH_SHA1 = 1, SFS_HASH_SHA1_GIT = 2 };
 
 typedef struct sfs_hashindex sfs_hashindex_t;
 
-/* Digest of kind `kind` of the object in `slot` of `shard` into out[20],
- * its bytes read with sfs_read (small objects from the mapping, large ones
- * in 1 MiB preads). SFS_ENOTFOUND for an empty or deleted slot,
- * SFS_ECORRUPT, SFS_EIO, SFS_ENOMEM, SFS_EINVAL (kind). Callers in the
- * extension run it under SFS_GUARDED. */
-int sfs_hash_slot(const sfs_shard_t *shard, uint64_t slot, int kind, uint8_t out[SFS_HX_DIGEST_SIZE],
-                  sfs_error_t *err);
-
 /* Hash every live object of `shard` once (in the order of their bytes in
  * the file, read with pread through a descriptor of its own: a shard that
  * shrinks gives SFS_EIO, not SIGBUS) and write the index of each kind whose
@@ -118,7 +110,7 @@ size_t sfs_hashindex_lookup(const sfs_hashindex_t *hx, const uint8_t digest[SFS_
 int sfs_hashindex_prefixes(const sfs_hashindex_t *hx, uint64_t **out, size_t *n, sfs_error_t *err);
 
 /* The object of `shard` whose digest of the index's kind is `digest`:
- * candidates from the index, each hashed again (sfs_hash_slot) until one
+ * candidates from the index, each hashed again until one
  * matches. SFS_OK with its slot, data offset (first byte) and size in
  * bytes; SFS_ENOTFOUND when none does; SFS_EIO... when an object cannot be
  * read. Cost: one lookup (a binary search in a bucket of ~512 entries) and

@@ -162,9 +162,6 @@ static PyMethodDef module_functions[] = {
      "write_hash_index(path, kind, identity32, slot_count, digests, slots): write a hash index "
      "(kind 1 sha1, 2 sha1_git) from 20-byte digests (concatenated) and their slots (native u32, "
      "array('I')), in any order. ValueError for a slot >= slot_count; OSError."},
-    {"hash_slot", (PyCFunction)hash_slot, METH_VARARGS,
-     "hash_slot(reader, slot, kind) -> bytes20 or None: the sha1 (kind 1) or sha1_git (kind 2) of "
-     "the object in a slot, None when the slot is empty or deleted. OSError, CorruptShardError."},
     {NULL},
 };
 

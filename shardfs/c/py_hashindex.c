@@ -1,6 +1,6 @@
 /*
- * py_hashindex.c — HashIndex, build_hash_indexes(), write_hash_index() and
- * hash_slot() of shardfs._shardfs (hashindex.h): a shard's objects found by
+ * py_hashindex.c — HashIndex, build_hash_indexes() and write_hash_index() of
+ * shardfs._shardfs (hashindex.h): a shard's objects found by
  * sha1 or sha1_git.
  */
 #include "py_module.h"
@@ -91,27 +91,6 @@ static PyObject *HashIndex_close(HashIndex *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *HashIndex_lookup(HashIndex *self, PyObject *arg)
-{
-    uint8_t digest[SFS_HX_DIGEST_SIZE];
-    uint32_t slots[64];
-    if (!hx_ready(self) || get_digest(arg, digest) < 0)
-        return NULL;
-    size_t n;
-    SFS_GUARDED(n = 0, n = sfs_hashindex_lookup(self->hx, digest, slots, 64));
-    PyObject *out = PyList_New(0);
-    for (size_t i = 0; out && i < n && i < 64; i++) {
-        PyObject *v = PyLong_FromUnsignedLong(slots[i]);
-        if (!v || PyList_Append(out, v) < 0) {
-            Py_XDECREF(v);
-            Py_CLEAR(out);
-            break;
-        }
-        Py_DECREF(v);
-    }
-    return out;
-}
-
 static PyObject *HashIndex_prefixes(HashIndex *self, PyObject *unused)
 {
     if (!hx_ready(self))
@@ -171,8 +150,6 @@ static PyObject *HashIndex_count(HashIndex *self, void *c)
 
 static PyMethodDef HashIndex_methods[] = {
     {"close", (PyCFunction)HashIndex_close, METH_NOARGS, "Unmap the file."},
-    {"lookup", (PyCFunction)HashIndex_lookup, METH_O,
-     "lookup(digest20) -> [slot, ...]: the candidate slots of a digest (unchecked: see find)."},
     {"find", (PyCFunction)HashIndex_find, METH_VARARGS,
      "find(reader, digest20) -> (slot, data_offset, size) or None: the object whose digest it is, "
      "every candidate hashed again. OSError when an object cannot be read."},
@@ -297,28 +274,3 @@ out:
     return result;
 }
 
-PyObject *hash_slot(PyObject *module, PyObject *args)
-{
-    PyObject *reader_obj;
-    unsigned long long slot;
-    int kind;
-    if (!PyArg_ParseTuple(args, "O!Ki:hash_slot", &ReaderType, &reader_obj, &slot, &kind))
-        return NULL;
-    Reader *reader = (Reader *)reader_obj;
-    if (!reader_ready(reader) || get_kind(kind) < 0)
-        return NULL;
-    sfs_shard_t *shard = reader_hold(reader);
-    uint8_t digest[SFS_HX_DIGEST_SIZE];
-    sfs_error_t err;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = sfs_fail(&err, SFS_EIO, EIO, "%s: " GONE_REASON, sfs_path(shard)),
-                rc = sfs_hash_slot(shard, slot, kind, digest, &err));
-    Py_END_ALLOW_THREADS
-    reader_unhold(reader);
-    if (rc == SFS_ENOTFOUND)
-        Py_RETURN_NONE;
-    if (rc != SFS_OK)
-        return raise_error(&err);
-    return PyBytes_FromStringAndSize((const char *)digest, SFS_HX_DIGEST_SIZE);
-}

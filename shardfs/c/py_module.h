@@ -6,8 +6,8 @@
  * exported constants, the exception objects) and the helpers below that
  * more than one type uses; each type has its own file: py_reader.c
  * (Reader), py_writer.c (Writer), py_sidecar.c (Sidecar, SidecarSet,
- * build_sidecar), py_hashindex.c (HashIndex, build_hash_indexes, write_hash_index,
- * hash_slot), py_gindex.c (GlobalIndex, key_prefixes,
+ * build_sidecar), py_hashindex.c (HashIndex, build_hash_indexes,
+ * write_hash_index), py_gindex.c (GlobalIndex, key_prefixes,
  * write_global_index, merge_global_index), py_openshards.c (OpenShards).
  * guard.c defines the SIGBUS guard's state (guard.h). Helpers on a hot
  * path (get_key, reader_*, gindex_ready) are static inline here, so that
@@ -256,10 +256,9 @@ int gindex_lookup_all(const sfs_gindex_t *g, const uint8_t key[SFS_KEY_SIZE],
  * merge_global_index (py_gindex.c): see module_functions in module.c. */
 PyObject *build_sidecar(PyObject *module, PyObject *args, PyObject *kwds);
 PyObject *key_prefixes(PyObject *module, PyObject *arg);
-/* build_hash_indexes, write_hash_index, hash_slot (py_hashindex.c). */
+/* build_hash_indexes, write_hash_index (py_hashindex.c). */
 PyObject *build_hash_indexes(PyObject *module, PyObject *args, PyObject *kwds);
 PyObject *write_hash_index(PyObject *module, PyObject *args, PyObject *kwds);
-PyObject *hash_slot(PyObject *module, PyObject *args);
 PyObject *write_global_index(PyObject *module, PyObject *args, PyObject *kwds);
 PyObject *merge_global_index(PyObject *module, PyObject *args, PyObject *kwds);
 

@@ -9,17 +9,17 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 APT_PACKAGES := git libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
 	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools erofs-utils time \
-	postgresql libpq-dev libsystemd-dev ceph-mon ceph-osd ceph-common rbd-fuse
+	postgresql libpq-dev libsystemd-dev ceph-mon ceph-osd ceph-common rbd-fuse librbd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
 	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
-	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c
+	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c shardfs/c/rbd.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
-	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h
+	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
 	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
@@ -129,7 +129,7 @@ SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py 
 FUZZ_DIR ?= build/fuzz
 FUZZ_HARNESSES := shard sidecar ll_names
 FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c shardfs/c/output.c \
-	shardfs/c/ll_names.c
+	shardfs/c/ll_names.c shardfs/c/rbd.c
 FUZZ_DEPS := tests/fuzz/fuzz_common.h $(FUZZ_LIB_SOURCES) $(C_HEADERS)
 
 $(SAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)

@@ -1,9 +1,11 @@
 """Build the shardfs package and its C extension against the system libcmph.
 
 `pip install .` (or `make venv`) needs libcmph-dev, libssl-dev (OpenSSL's libcrypto:
-SHA-256 in `shardfs create`) and pkg-config (Debian).
+SHA-256 in `shardfs create`) and pkg-config (Debian); with librbd-dev also present,
+shards in Ceph RBD images can be read (rbd:POOL/IMAGE sources).
 """
 import glob
+import os
 import subprocess
 
 from setuptools import Extension, setup
@@ -22,16 +24,22 @@ cflags = pkg_config("--cflags-only-I", "cmph", []) + pkg_config("--cflags-only-I
 libs = (pkg_config("--libs", "cmph", ["-lcmph"]) + pkg_config("--libs", "libcrypto", ["-lcrypto"])
         + pkg_config("--libs", "fuse3", ["-lfuse3"]) + ["-lpthread"])
 
+# librbd is optional: with it, rbd:POOL/IMAGE sources (shardfs/c/rbd.h).
+rbd = any(os.path.exists(os.path.join(d, "rbd/librbd.h")) for d in ("/usr/include", "/usr/local/include"))
+if rbd:
+    libs += ["-lrbd", "-lrados"]
+
 extension = Extension(
     "shardfs._shardfs",
     # The C core, then the Python binding: module.c (the module) and one
     # py_*.c file per type (py_module.h).
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
              "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c", "shardfs/c/hashindex.c",
-             "shardfs/c/guard.c", "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
+             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
              "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h",
-             "shardfs/c/py_module.h", "shardfs/c/ll.h", "shardfs/c/ll_names.h"],
+             "shardfs/c/py_module.h", "shardfs/c/ll.h", "shardfs/c/ll_names.h", "shardfs/c/rbd.h"],
+    define_macros=[("SFS_HAVE_RBD", "1")] if rbd else [],
     include_dirs=["shardfs/c"] + [f[2:] for f in cflags],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     extra_link_args=libs,

@@ -775,6 +775,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
     options: List[str] = []
     for group in args.options or []:
         options.extend(o for o in group.split(",") if o)
+    for name in ("ceph_conf", "ceph_id", "ceph_timeout"):  # the common options, as -o would give them
+        if getattr(args, name, None) is not None:
+            value = getattr(args, name)
+            options.append(f"{name}={os.path.abspath(value) if name == 'ceph_conf' else value}")
     try:
         from shardfs.fuse import mount as fuse_mount
     except ImportError as exc:
@@ -867,6 +871,23 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _configure_ceph(args: argparse.Namespace) -> None:
+    """Apply --ceph-conf/--ceph-id/--ceph-timeout and --cache-dir to the
+    rbd: sources this command opens (`shardfs.rbd.configure`)."""
+    conf, client_id = getattr(args, "ceph_conf", None), getattr(args, "ceph_id", None)
+    timeout = getattr(args, "ceph_timeout", None)
+    if timeout is not None and timeout < 1:
+        raise UsageError(f"--ceph-timeout must be at least 1 second, got {timeout}")
+    if conf is not None and not os.path.isfile(conf):
+        raise UsageError(f"--ceph-conf {conf}: no such file")
+    if (conf is None and client_id is None and timeout is None and getattr(args, "cache_dir", None) is None) \
+            or args.func is cmd_mount:  # the mount's processes configure their own (isolated)
+        return
+    from shardfs import rbd
+
+    rbd.configure(conf=conf, client_id=client_id, cache_dir=getattr(args, "cache_dir", None), timeout=timeout)
+
+
 def _common_options() -> argparse.ArgumentParser:
     """Options accepted both before and after the command name (a parent
     parser); SUPPRESS keeps a subcommand's default from overwriting what
@@ -880,6 +901,13 @@ def _common_options() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
         help="informational logging",
     )
+    ceph = common.add_argument_group("Ceph (shards in RBD images: rbd:POOL/IMAGE sources)")
+    ceph.add_argument("--ceph-conf", metavar="FILE", default=argparse.SUPPRESS,
+                      help="ceph.conf of the cluster (default: $CEPH_CONF, else /etc/ceph/ceph.conf)")
+    ceph.add_argument("--ceph-id", metavar="NAME", default=argparse.SUPPRESS,
+                      help="Ceph client name without 'client.' (default: admin)")
+    ceph.add_argument("--ceph-timeout", metavar="SECONDS", type=int, default=argparse.SUPPRESS,
+                      help="seconds before a cluster operation fails (default: 30)")
     return common
 
 
@@ -1283,6 +1311,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return status
 
     try:
+        _configure_ceph(args)
         return args.func(args)
     except UsageError as exc:
         return fail(str(exc), EXIT_USAGE)

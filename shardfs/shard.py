@@ -14,7 +14,7 @@ import os
 from collections import namedtuple
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import _shardfs
+from . import _shardfs, rbd
 from .errors import CorruptShardError, DuplicateKeyError, ShardError
 
 #: Format constants, defined once in the C core (``shardfs/c/shard.h``):
@@ -86,14 +86,19 @@ class Shard:
     field, the perfect hash) and raises CorruptShardError naming the field;
     OSError (FileNotFoundError, PermissionError...) when the file cannot be
     opened. The shard's extent comes from its header, so ``path`` may be a
-    block device larger than the shard.
+    block device larger than the shard, or an RBD image ``rbd:POOL/IMAGE``
+    (`shardfs.rbd`: read-only; OSError with errno ENOENT for a missing pool
+    or image, ETIMEDOUT when the cluster does not answer).
     """
 
     def __init__(self, path: Union[str, os.PathLike], writable: bool = False):
         self.path = os.fspath(path)
+        if rbd.is_source(self.path):
+            rbd.ensure_configured()
         self._reader = _shardfs.Reader(self.path, writable)
         try:
-            self.mtime = os.stat(self.path).st_mtime  #: the file's mtime, seconds
+            #: the file's mtime, seconds (an rbd: source: its local copy's)
+            self.mtime = os.fstat(self._reader.fileno()).st_mtime
         except OSError:
             self._reader.close()
             raise

@@ -38,10 +38,12 @@ import os
 import resource
 import stat
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from shardfs import Shard, normalize_key
+from shardfs import rbd
 from shardfs import sidecar as sidecar_mod
 from shardfs._shardfs import OpenShards, SidecarSet
 from shardfs.errors import ShardError
@@ -132,6 +134,9 @@ MAP_RESERVE = 4096
 MIN_OPEN = 16
 #: Paths opened between two calls of `ShardSet.rescan`'s progress.
 PROGRESS_EVERY = 1000
+#: Seconds before an rbd: image that could not be opened (being written by
+#: ``rbd import``, not a shard) is tried again: images have no mtime.
+RBD_RETRY_SECONDS = 10
 
 
 def default_max_open() -> int:
@@ -230,8 +235,11 @@ def list_shard_dir(directory: str) -> List[str]:
     Regular files and block devices (symlinks followed, as in
     ``/dev/rbd/<pool>/``); names starting with "." are skipped (the writer's
     temporary files are ``.<name>.tmp-*``). Raises OSError if the directory
-    cannot be read.
+    cannot be read. For ``rbd:POOL``, the sources ``rbd:POOL/IMAGE`` of the
+    pool's images (`shardfs.rbd.pool_sources`).
     """
+    if rbd.is_source(directory):  # rbd:POOL: its images
+        return rbd.pool_sources(rbd.parse(directory)[0])
     paths = []
     with os.scandir(directory) as it:
         for entry in it:
@@ -275,6 +283,7 @@ class ShardSet:
         #: Paths that failed to open, with the (size, mtime) seen, so that a
         #: rescan retries them only once they changed.
         self._rejected: Dict[str, Tuple[int, int]] = {}
+        self._rejected_why: Dict[str, str] = {}
         #: Lookups made by `find`.
         self.lookups = 0
         #: Shards opened again after the cache had closed them.
@@ -351,7 +360,8 @@ class ShardSet:
             return shard
         shard = Shard(member.source or member.path)
         try:
-            if member.source is None and file_ident(os.fstat(shard.fileno())) != member.ident:
+            if (member.source is None and not rbd.is_source(member.path)
+                    and file_ident(os.fstat(shard.fileno())) != member.ident):
                 raise OSError(errno.ESTALE, f"{member.path}: replaced by another file since it was mounted")
             if shard.header.objects_count != member.objects_count or shard.extent != member.extent:
                 raise OSError(errno.ESTALE, f"{member.path}: changed size since it was mounted")
@@ -702,18 +712,25 @@ class ShardSet:
             candidates = list_shard_dir(self.shard_dir)
             present = set(candidates)
         candidates += [p for p in self.pinned if p not in present]
-        stats: Dict[str, os.stat_result] = {}
+        # path -> (its ident, or None for an rbd: source, whose image
+        # cannot be told from another; what a retry waits to change)
+        stats: Dict[str, Tuple[Optional[Tuple[int, int, int]], Tuple[int, int]]] = {}
+        retry = (0, int(time.monotonic() // RBD_RETRY_SECONDS))
         for path in candidates:
+            if rbd.is_source(path):  # listed, or named at mount
+                stats[path] = (None, retry)
+                continue
             try:
-                stats[path] = os.stat(path)
+                st = os.stat(path)
             except OSError:
-                pass
+                continue
+            stats[path] = (file_ident(st), (st.st_size, st.st_mtime_ns))
         for member in list(self.by_path.values()):
             st = stats.get(member.path)
             pinned = member.path in self.pinned and member.path not in present
             if st is None and pinned:
                 continue
-            if st is None or file_ident(st) != member.ident:
+            if st is None or (st[0] is not None and st[0] != member.ident):
                 gone.append(member)
         new = []
         for path in candidates:
@@ -723,19 +740,23 @@ class ShardSet:
             member = self.by_path.get(path)
             if member is not None and member not in gone:
                 continue
-            seen = (st.st_size, st.st_mtime_ns)
+            seen = st[1]
             if self._rejected.get(path) != seen:
                 new.append((path, seen))
         for path in list(self._rejected):
             if path not in stats:
                 del self._rejected[path]
+                self._rejected_why.pop(path, None)
         return (gone, new)
 
     def reject(self, path: str, seen: Tuple[int, int], exc: BaseException) -> None:
         """Remember that `path` (as `seen`) is not a valid shard, and say so
         once."""
+        again = path in self._rejected and self._rejected_why.get(path) == str(exc)
         self._rejected[path] = seen
-        log.warning("%s: not served: %s", path, exc)
+        self._rejected_why[path] = str(exc)
+        if not again:  # an rbd: image is retried every RBD_RETRY_SECONDS: said once
+            log.warning("%s: not served: %s", path, exc)
 
     def rescan(self, progress: Optional[Callable[[int, int], None]] = None
                ) -> Tuple[List[MountedShard], List[MountedShard]]:

@@ -299,8 +299,10 @@ static int cmp_live(const void *x, const void *y)
     return (a->offset > b->offset) - (a->offset < b->offset);
 }
 
-/* Forward-only buffered reads of one descriptor. */
+/* Forward-only buffered reads of one descriptor (or of an rbd: source's
+ * image: sfs_source_read). */
 typedef struct {
+    const sfs_shard_t *shard;
     int fd;
     uint8_t *buf;
     uint64_t start, len; /* bytes [start, start + len) of the file are in buf */
@@ -311,15 +313,10 @@ typedef struct {
 static int reader_at(reader_t *r, uint64_t pos, uint64_t want, const uint8_t **p, uint64_t *got)
 {
     if (pos < r->start || pos + want > r->start + r->len) {
-        int rc = sfs_pread_full(r->fd, r->buf, BUILD_BUFFER, pos);
-        ssize_t n = BUILD_BUFFER;
-        if (rc == SFS_PREAD_SHORT) { /* the last bytes of the file: read what there is */
-            n = pread(r->fd, r->buf, BUILD_BUFFER, (off_t)pos);
-            if (n < 0)
-                return -1;
-        } else if (rc < 0) {
+        /* fewer bytes only at the end of the file */
+        ssize_t n = sfs_source_read(r->shard, r->fd, r->buf, BUILD_BUFFER, pos);
+        if (n < 0)
             return -1;
-        }
         r->start = pos;
         r->len = (uint64_t)n;
         /* the next window comes from the device while this one is hashed */
@@ -351,7 +348,7 @@ static void *hash_part(void *arg)
     part_t *pt = arg;
     const sfs_header_t *hd = sfs_header(pt->shard);
     const char *name = sfs_path(pt->shard);
-    reader_t r = {.fd = pt->fd, .buf = malloc(BUILD_BUFFER)};
+    reader_t r = {.shard = pt->shard, .fd = pt->fd, .buf = malloc(BUILD_BUFFER)};
     hasher_t h = {{NULL, NULL}};
     sfs_error_t *err = &pt->err;
     uint64_t lo = hd->objects_position, hi = hd->objects_position + hd->objects_size, told = 0;

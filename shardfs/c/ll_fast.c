@@ -760,6 +760,11 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
             if (rc == SFS_OK) {
                 fuse_reply_buf(req, buf, n);
                 replied = 1;
+            } else if (rc == SFS_EIO && sfs_is_rbd(shard)) {
+                /* the cluster failed or timed out (rbd.h): asking it again
+                 * from the Python handler would double the wait */
+                fuse_reply_err(req, EIO);
+                replied = 1;
             }
             free(buf);
         }

@@ -16,6 +16,7 @@
  * each type lives in its own py_*.c file (py_module.h lists them).
  */
 #include "py_module.h"
+#include "rbd.h"
 #include "ll.h"
 
 PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError;
@@ -162,6 +163,14 @@ static PyMethodDef module_functions[] = {
      "write_hash_index(path, kind, identity32, slot_count, digests, slots): write a hash index "
      "(kind 1 sha1, 2 sha1_git) from 20-byte digests (concatenated) and their slots (native u32, "
      "array('I')), in any order. ValueError for a slot >= slot_count; OSError."},
+    {"rbd_configure", (PyCFunction)(void (*)(void))rbd_configure, METH_VARARGS | METH_KEYWORDS,
+     "rbd_configure(conf=None, id=None, cache_dir=None, timeout=0, isolate=False): settings for "
+     "rbd:POOL/IMAGE sources in this process (see shardfs/c/rbd.h): the ceph.conf path, the "
+     "client name without 'client.', the directory of local copies, librados's op timeouts in "
+     "seconds (0: 30), and whether cluster work before the first read runs in a child process."},
+    {"rbd_list", (PyCFunction)rbd_list, METH_O,
+     "rbd_list(pool) -> [str]: the names of the RBD images of `pool`. OSError (errno ENOENT: no "
+     "such pool; ETIMEDOUT: the cluster did not answer) or ShardError without librbd."},
     {NULL},
 };
 
@@ -215,6 +224,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddIntConstant(m, "KEY_SIZE", SFS_KEY_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SIZE", SFS_SLOT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SIZE_FIELD_SIZE", SFS_SIZE_FIELD_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "RBD_BUILT", sfs_rbd_built()) < 0 ||
         PyModule_AddIntConstant(m, "SIDECAR_IDENTITY_SIZE", SFS_SIDECAR_IDENTITY_SIZE) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -7,7 +7,7 @@
  * more than one type uses; each type has its own file: py_reader.c
  * (Reader), py_writer.c (Writer), py_sidecar.c (Sidecar, SidecarSet,
  * build_sidecar), py_hashindex.c (HashIndex, build_hash_indexes,
- * write_hash_index), py_gindex.c (GlobalIndex, key_prefixes,
+ * write_hash_index), py_rbd.c (rbd_configure, rbd_list), py_gindex.c (GlobalIndex, key_prefixes,
  * write_global_index, merge_global_index), py_openshards.c (OpenShards).
  * guard.c defines the SIGBUS guard's state (guard.h). Helpers on a hot
  * path (get_key, reader_*, gindex_ready) are static inline here, so that
@@ -259,6 +259,10 @@ PyObject *key_prefixes(PyObject *module, PyObject *arg);
 /* build_hash_indexes, write_hash_index (py_hashindex.c). */
 PyObject *build_hash_indexes(PyObject *module, PyObject *args, PyObject *kwds);
 PyObject *write_hash_index(PyObject *module, PyObject *args, PyObject *kwds);
+
+/* rbd_configure, rbd_list (py_rbd.c). */
+PyObject *rbd_configure(PyObject *module, PyObject *args, PyObject *kwds);
+PyObject *rbd_list(PyObject *module, PyObject *pool);
 PyObject *write_global_index(PyObject *module, PyObject *args, PyObject *kwds);
 PyObject *merge_global_index(PyObject *module, PyObject *args, PyObject *kwds);
 

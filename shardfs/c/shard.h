@@ -200,6 +200,19 @@ int sfs_read(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t length
  * `length` bytes available), or NULL. Valid until sfs_close(). */
 const uint8_t *sfs_data(const sfs_shard_t *shard, uint64_t offset, uint64_t length);
 
+/* 1 when `shard` was opened from an rbd: source (rbd.h): its object bytes
+ * are read from a Ceph RBD image (sfs_data gives NULL, sfs_read_nowait
+ * SFS_EAGAIN, sfs_prefetch does nothing), its index from a local copy. */
+int sfs_is_rbd(const sfs_shard_t *shard);
+
+/* n reads at once: lengths[i] bytes at offsets[i] into dsts[i]; results[i]
+ * gets SFS_OK, SFS_EINVAL (outside the objects section) or SFS_EIO (errno
+ * as for sfs_read). For an rbd: source all are in flight together
+ * (asynchronous librbd reads, 64 at a time); for a file, sfs_read each.
+ * Returns SFS_OK. */
+int sfs_read_many(const sfs_shard_t *shard, size_t n, const uint64_t *offsets,
+                  const size_t *lengths, void *const *dsts, int *results);
+
 /* Number of live (non-empty) slots; scans the index once, then cached. */
 uint64_t sfs_live_count(sfs_shard_t *shard);
 

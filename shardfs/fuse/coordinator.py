@@ -28,6 +28,9 @@ what must be decided in one place:
   pages and checks every shard. ``shardfs delete`` on this host does not
   wait for either: it tells the coordinator the keys it took down
   (`shardfs.fuse.control`) and returns once they are invalidated.
+* **An RBD pool** (``--shard-dir rbd:POOL``): listed every
+  `shardfs.rbd.POLL_SECONDS` in a child process (this process never starts
+  librados's threads: it forks), images added and removed like files.
 * **A winery database** (`catalog`, a `shardfs.winery.Catalog`), polled
   every `shardfs.winery.POLL_SECONDS` instead of following files: images of
   shards that reached an image state are served, and the keys it takes
@@ -66,6 +69,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
+from shardfs import rbd
 from shardfs import sidecar as sidecar_mod
 from shardfs.errors import ShardError
 from shardfs.fuse import worker as worker_mod
@@ -209,6 +213,9 @@ class Coordinator:
         self._mounted = False
         self.catalog = catalog
         self._poll_at = time.monotonic()
+        #: The shard directory is an RBD pool (rbd:POOL), listed every
+        #: `shardfs.rbd.POLL_SECONDS` (images have no inotify).
+        self._polls_pool = self.shards.shard_dir is not None and rbd.is_source(self.shards.shard_dir)
         #: Building the global index failed once: not tried again.
         self._index_failed = False
         #: Shard numbers a builder was asked to index.
@@ -422,6 +429,9 @@ class Coordinator:
                     self._follow()
                 if self.catalog is not None and time.monotonic() >= self._poll_at:
                     self._sync_catalog()
+                if self._polls_pool and time.monotonic() >= self._poll_at:
+                    self._poll_at = time.monotonic() + rbd.POLL_SECONDS
+                    self._follow()  # the pool's images listed again
                 self._forget_names()
                 self._keep_open_files()
                 self._close_unused()
@@ -434,7 +444,7 @@ class Coordinator:
                     self._publish()
                 deadlines = [time.monotonic() + (0.0 if self._forget else 1.0), self._keep_at]
                 deadlines += [t for t in (self._publish_at, self._rescan_at) if t is not None]
-                if self.catalog is not None:
+                if self.catalog is not None or self._polls_pool:
                     deadlines.append(self._poll_at)
                 with trio.move_on_after(max(0.0, min(deadlines) - time.monotonic())):
                     await self._wake.wait()
@@ -599,9 +609,11 @@ class Coordinator:
 
     def _watch_files(self) -> None:
         directories = []
-        if self.shards.shard_dir is not None:
+        if self.shards.shard_dir is not None and not rbd.is_source(self.shards.shard_dir):
             directories.append(self.shards.shard_dir)
         for path in self.shards.pinned:
+            if rbd.is_source(path):
+                continue  # an RBD image: no file to watch (a pool is polled: _poll_pool)
             d = os.path.dirname(path)
             if d not in directories:
                 try:
@@ -887,7 +899,7 @@ class Coordinator:
         table: Dict[str, object] = {"shards": [
             {"number": m.number, "path": m.path, "ident": m.ident, "objects_count": m.objects_count,
              "slot_count": m.slot_count, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
-             "removed": m.removed, "fd": m.held.fileno() if m.held is not None else None,
+             "removed": m.removed, "fd": m.held.fileno() if m.held is not None and not rbd.is_source(m.path) else None,
              "sidecar_dir": m.sidecar_dir, "live_count": m.live_count, "hashes": list(m.hashes)}
             for _, m in sorted(self.shards.shards.items())
         ]}

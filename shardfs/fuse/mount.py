@@ -183,7 +183,8 @@ def check_mountpoint(mountpoint: str) -> str:
 #: ``-o`` options shardfs reads itself (never given to libfuse):
 #: owner of every file, layout, slicing, sidecar cache directory, number
 #: of worker processes.
-OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "winery_pools_dir", "hashes")
+OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "winery_pools_dir", "hashes",
+               "ceph_conf", "ceph_id", "ceph_timeout")
 
 #: Options mount(8) and mount.fuse3 pass by default (``rw,dev,suid`` for
 #: an fstab line with ``defaults``), accepted and ignored when shardfs runs
@@ -479,13 +480,15 @@ def mount_shards(
     (at most READY_TIMEOUT seconds) and returns 0; raises ShardError with
     the daemon's error if it could not mount.
     """
-    shard_paths = [os.path.abspath(p) for p in shard_paths]
+    from shardfs import rbd
+
+    shard_paths = [p if rbd.is_source(p) else os.path.abspath(p) for p in shard_paths]
     if winery is not None and (shard_paths or shard_dir is not None):
         raise _shard_error("--winery mounts a winery database: give no SHARD paths nor --shard-dir with it")
     if winery is not None:
         return _mount_winery(winery, mountpoint, foreground, options, debug, log_file, layout, slicing,
                              cache_dir, helper, workers, winery_pools_dir)
-    if shard_dir is not None:
+    if shard_dir is not None and not rbd.is_source(shard_dir):
         shard_dir = os.path.abspath(shard_dir)
         if not os.path.isdir(shard_dir):
             raise _shard_error(f"shard directory {shard_dir} is not a directory")
@@ -494,6 +497,7 @@ def mount_shards(
     opts, own = build_options(shard_paths or [shard_dir or "shards"], options, helper=helper)
     settings = _settings(own, layout, slicing, cache_dir, workers, default_layout="auto")
     mp = check_mountpoint(mountpoint)
+    check_rbd_sources(shard_paths, shard_dir, settings)
     if not foreground:
         return _spawn_daemon(shard_paths, mp, opts, debug, log_file, progress=progress, shard_dir=shard_dir,
                              **settings)
@@ -520,7 +524,18 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
             hashes = ":".join(parse_names(hashes, sep=":"))
         except ValueError as exc:
             raise _shard_error(f"mount option hashes={hashes}: {exc} (several: hashes=sha1:sha1_git)") from None
+    timeout = own.get("ceph_timeout")
+    if timeout is not None and (not timeout.isdigit() or int(timeout) < 1):
+        raise _shard_error(f"mount option ceph_timeout={timeout}: expected whole seconds, at least 1")
+    conf = own.get("ceph_conf")
+    if conf is not None:
+        conf = os.path.abspath(conf)
+        if not os.path.isfile(conf):
+            raise _shard_error(f"mount option ceph_conf={conf}: no such file")
     return {
+        "ceph_conf": conf,
+        "ceph_id": own.get("ceph_id"),
+        "ceph_timeout": int(timeout) if timeout is not None else None,
         "layout": layout,
         "slicing": slicing,
         "cache_dir": os.path.abspath(cache_dir or own.get("cache_dir") or _default_cache_dir()),
@@ -529,6 +544,45 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
         "workers": workers or (int(own["workers"]) if "workers" in own else None),
         "hashes": hashes,
     }
+
+
+def configure_rbd(settings: Dict[str, object]) -> None:
+    """Apply a mount's Ceph settings (``-o ceph_conf=,ceph_id=,ceph_timeout=``,
+    its cache directory) to this process: isolated, since the coordinator
+    forks its workers and builders after opening the shards (`shardfs.rbd`)."""
+    from shardfs import rbd
+
+    rbd.configure(conf=settings.get("ceph_conf"), client_id=settings.get("ceph_id"),
+                  cache_dir=settings.get("cache_dir"), timeout=settings.get("ceph_timeout"), isolate=True)
+
+
+def check_rbd_sources(shard_paths: Sequence[str], shard_dir: Optional[str], settings: Dict[str, object]) -> None:
+    """Before mounting: every rbd: source's pool can be listed with the
+    mount's settings (so a wrong ceph_conf, a refused client or an
+    unreachable cluster fail here, in one line) and holds the named
+    images. Raises ShardError."""
+    from shardfs import rbd
+
+    wanted = [p for p in shard_paths if rbd.is_source(p)] + ([shard_dir] if shard_dir and rbd.is_source(shard_dir) else [])
+    if not wanted:
+        return
+    if not rbd.available():
+        raise _shard_error(f"{wanted[0]}: this shardfs was built without librbd: install librbd-dev (Debian) "
+                           f"and reinstall shardfs")
+    configure_rbd(settings)
+    pools: Dict[str, List[str]] = {}
+    for source in wanted:
+        try:
+            pool, image = rbd.parse(source)
+        except ValueError as exc:
+            raise _shard_error(str(exc)) from None
+        if pool not in pools:
+            try:
+                pools[pool] = rbd.list_images(pool)
+            except OSError as exc:
+                raise _shard_error(exc.strerror or str(exc)) from None
+        if image is not None and image not in pools[pool]:
+            raise _shard_error(f"{source}: no such image in pool {pool}")
 
 
 def _serve_foreground(shards: "ShardSet", mountpoint: str, options: List[str], settings: Dict[str, object],
@@ -716,6 +770,9 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--gid", type=int)
     parser.add_argument("--workers", type=int)
     parser.add_argument("--hashes")
+    parser.add_argument("--ceph-conf")
+    parser.add_argument("--ceph-id")
+    parser.add_argument("--ceph-timeout", type=int)
     parser.add_argument("--winery-stdin", action="store_true", help="read a winery DSN on stdin")
     parser.add_argument("--winery-pools-dir")
     parser.add_argument("--debug", action="store_true")
@@ -739,6 +796,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             from shardfs.shardset import open_shard_set
 
+            configure_rbd(vars(args))
             shards = open_shard_set(args.shards, args.shard_dir, args.cache_dir,
                                     progress=_progress_reporter(ready_fd))
     except Exception as exc:

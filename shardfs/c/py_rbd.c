@@ -1,0 +1,48 @@
+/* py_rbd.c — _shardfs.rbd_configure() and _shardfs.rbd_list(): the
+ * process-wide librbd settings and pool listings of rbd.h. */
+#include "py_module.h"
+#include "rbd.h"
+
+/* rbd_configure(conf=None, id=None, cache_dir=None, timeout=0, isolate=False) */
+PyObject *rbd_configure(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"conf", "id", "cache_dir", "timeout", "isolate", NULL};
+    const char *conf = NULL, *id = NULL, *cache_dir = NULL;
+    unsigned int timeout = 0;
+    int isolate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzIp", names, &conf, &id, &cache_dir, &timeout,
+                                     &isolate))
+        return NULL;
+    sfs_error_t err;
+    if (sfs_rbd_configure(conf, id, cache_dir, timeout, isolate, &err) != SFS_OK)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
+/* rbd_list(pool) -> [image name, ...] */
+PyObject *rbd_list(PyObject *mod, PyObject *arg)
+{
+    const char *pool = PyUnicode_AsUTF8(arg);
+    if (!pool)
+        return NULL;
+    char *names = NULL;
+    size_t size = 0;
+    sfs_error_t err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sfs_rbd_list(pool, &names, &size, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != SFS_OK)
+        return raise_error(&err);
+    PyObject *out = PyList_New(0);
+    for (size_t at = 0; out && at < size;) {
+        size_t len = strnlen(names + at, size - at);
+        PyObject *name = PyUnicode_DecodeUTF8(names + at, (Py_ssize_t)len, "surrogateescape");
+        if (!name || PyList_Append(out, name) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(name);
+        at += len + 1;
+    }
+    free(names);
+    return out;
+}

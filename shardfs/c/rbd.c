@@ -1,0 +1,563 @@
+/*
+ * rbd.c — librbd access for rbd: shard sources (see rbd.h). One librados
+ * client per process (remade after fork), an I/O context per pool, a
+ * lazily opened read-only image per handle.
+ */
+#define _GNU_SOURCE
+#include "rbd.h"
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifdef SFS_HAVE_RBD
+#include <rados/librados.h>
+#include <rbd/librbd.h>
+#endif
+
+#define MISSING "this shardfs was built without librbd: install librbd-dev (Debian) and reinstall shardfs"
+
+static pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char *conf, *id, *cache_dir;
+    unsigned timeout;
+    int isolate;
+} config = {NULL, NULL, NULL, SFS_RBD_DEFAULT_TIMEOUT, 0};
+
+int sfs_rbd_built(void)
+{
+#ifdef SFS_HAVE_RBD
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int replace(char **slot, const char *value)
+{
+    char *copy = NULL;
+    if (value && !(copy = strdup(value)))
+        return -1;
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
+
+int sfs_rbd_configure(const char *conf, const char *id, const char *cache_dir, unsigned timeout,
+                      int isolate, sfs_error_t *err)
+{
+    pthread_mutex_lock(&config_lock);
+    int bad = replace(&config.conf, conf) | replace(&config.id, id) |
+              replace(&config.cache_dir, cache_dir);
+    config.timeout = timeout ? timeout : SFS_RBD_DEFAULT_TIMEOUT;
+    config.isolate = isolate;
+    pthread_mutex_unlock(&config_lock);
+    return bad ? sfs_fail(err, SFS_ENOMEM, ENOMEM, "rbd: out of memory") : SFS_OK;
+}
+
+const char *sfs_rbd_cache_dir(void) { return config.cache_dir; }
+
+int sfs_is_rbd_source(const char *source)
+{
+    return strncmp(source, SFS_RBD_PREFIX, sizeof(SFS_RBD_PREFIX) - 1) == 0;
+}
+
+int sfs_rbd_parse(const char *source, char pool[SFS_RBD_NAME_MAX], char image[SFS_RBD_NAME_MAX],
+                  sfs_error_t *err)
+{
+    const char *spec = source + sizeof(SFS_RBD_PREFIX) - 1;
+    const char *slash = sfs_is_rbd_source(source) ? strchr(spec, '/') : NULL;
+    if (!slash || slash == spec || !slash[1] || strchr(slash + 1, '/') || strchr(spec, '@') ||
+        (size_t)(slash - spec) >= SFS_RBD_NAME_MAX || strlen(slash + 1) >= SFS_RBD_NAME_MAX)
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: not an RBD source: expected rbd:POOL/IMAGE", source);
+    memcpy(pool, spec, (size_t)(slash - spec));
+    pool[slash - spec] = 0;
+    strcpy(image, slash + 1);
+    return SFS_OK;
+}
+
+/* Run fn in a child (isolate) or here. The child sends its sfs_error_t,
+ * then an optional block (list). */
+typedef struct {
+    int (*fn)(void *arg, sfs_error_t *err);
+    void *arg;
+    char **blob;
+    size_t *blob_size;
+} job_t;
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int run_job(job_t *job, sfs_error_t *err)
+{
+    if (!config.isolate)
+        return job->fn(job->arg, err);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0)
+        return sfs_fail(err, SFS_EIO, errno, "rbd: pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return sfs_fail(err, SFS_EIO, errno, "rbd: fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        sfs_error_t e = {0};
+        e.status = job->fn(job->arg, &e);
+        uint64_t n = job->blob && e.status == SFS_OK ? *job->blob_size : 0;
+        if (write_all(fds[1], &e, sizeof(e)) == 0 && write_all(fds[1], &n, sizeof(n)) == 0 && n)
+            write_all(fds[1], *job->blob, (size_t)n);
+        _exit(0); /* no atexit handlers, no librados shutdown: the process ends */
+    }
+    close(fds[1]);
+    sfs_error_t e;
+    uint64_t n = 0;
+    char *block = NULL;
+    size_t got = 0;
+    char *dst = (char *)&e;
+    while (got < sizeof(e)) {
+        ssize_t r = read(fds[0], dst + got, sizeof(e) - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    int rc;
+    if (got != sizeof(e)) {
+        rc = sfs_fail(err, SFS_EIO, EIO, "rbd: the helper process died before answering");
+    } else {
+        rc = e.status;
+        if (err)
+            *err = e;
+        got = 0;
+        while (rc == SFS_OK && got < sizeof(n)) {
+            ssize_t r = read(fds[0], (char *)&n + got, sizeof(n) - got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        if (rc == SFS_OK && job->blob) {
+            if (got != sizeof(n) || !(block = malloc(n ? n : 1))) {
+                rc = sfs_fail(err, SFS_EIO, EIO, "rbd: the helper process's answer was cut short");
+            } else {
+                size_t have = 0;
+                while (have < n) {
+                    ssize_t r = read(fds[0], block + have, n - have);
+                    if (r < 0 && errno == EINTR)
+                        continue;
+                    if (r <= 0)
+                        break;
+                    have += (size_t)r;
+                }
+                if (have != n) {
+                    free(block);
+                    block = NULL;
+                    rc = sfs_fail(err, SFS_EIO, EIO, "rbd: the helper process's answer was cut short");
+                } else {
+                    *job->blob = block;
+                    *job->blob_size = n;
+                }
+            }
+        }
+    }
+    close(fds[0]);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return rc;
+}
+
+int sfs_rbd_isolated(int (*fn)(void *arg, sfs_error_t *err), void *arg, sfs_error_t *err)
+{
+    job_t job = {fn, arg, NULL, NULL};
+    return run_job(&job, err);
+}
+
+#ifndef SFS_HAVE_RBD
+
+struct sfs_rbd {
+    int unused;
+};
+
+int sfs_rbd_new(const char *pool, const char *image, const uint8_t *expect, size_t expect_len,
+                sfs_rbd_t **out, sfs_error_t *err)
+{
+    *out = NULL;
+    return sfs_fail(err, SFS_EINVAL, 0, "rbd:%s/%s: " MISSING, pool, image);
+}
+
+int sfs_rbd_connect(sfs_rbd_t *r, uint64_t *size, sfs_error_t *err)
+{
+    return sfs_fail(err, SFS_EINVAL, 0, "rbd: " MISSING);
+}
+
+int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off) { return -ENOSYS; }
+
+int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_t *lens,
+                       void *const *bufs, int64_t *results)
+{
+    return -ENOSYS;
+}
+
+const char *sfs_rbd_error(const sfs_rbd_t *r) { return MISSING; }
+
+void sfs_rbd_close(sfs_rbd_t *r) { free(r); }
+
+int sfs_rbd_list(const char *pool, char **names, size_t *size, sfs_error_t *err)
+{
+    *names = NULL;
+    *size = 0;
+    return sfs_fail(err, SFS_EINVAL, 0, "rbd:%s: " MISSING, pool);
+}
+
+#else
+
+/* ------------------------------------------------------------ the client */
+
+typedef struct pool_io {
+    struct pool_io *next;
+    char name[SFS_RBD_NAME_MAX];
+    rados_ioctx_t io;
+} pool_io_t;
+
+static pthread_mutex_t client_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    pid_t pid;        /* the process that made `cluster`; 0 = none */
+    rados_t cluster;
+    pool_io_t *pools;
+    int error;        /* errno of the last failed connection */
+} client;
+
+static int client_error(sfs_error_t *err, int e, const char *what, const char *name)
+{
+    const char *why = e == ETIMEDOUT ? "the cluster did not answer in time (timeout)"
+                      : e == EACCES || e == EPERM ? "the client was refused (check ceph_id and its key)"
+                      : e == ENOENT && !strcmp(what, "reading the configuration") ? "no such file"
+                      : strerror(e);
+    return sfs_fail(err, SFS_EIO, e, "%s%s: %s: %s", SFS_RBD_PREFIX, name, what, why);
+}
+
+/* The I/O context of `pool` in this process, connecting first. Called with
+ * client_lock held. */
+static int pool_io(const char *pool, rados_ioctx_t *io, sfs_error_t *err)
+{
+    pid_t self = getpid();
+    if (client.pid != self) {
+        /* none yet, or inherited through fork(): the parent's threads are
+         * gone, so its handles are dropped (not shut down) */
+        client.pid = 0;
+        client.pools = NULL;
+        pthread_mutex_lock(&config_lock);
+        char timeout[16];
+        snprintf(timeout, sizeof(timeout), "%u", config.timeout);
+        rados_t c = NULL;
+        int rc = rados_create(&c, config.id);
+        if (rc == 0 && config.conf)
+            rc = rados_conf_read_file(c, config.conf);
+        else if (rc == 0)
+            rados_conf_read_file(c, NULL); /* the default search; none found is fine when
+                                            * $CEPH_ARGS or the environment gives mon_host */
+        pthread_mutex_unlock(&config_lock);
+        if (rc < 0) {
+            if (c)
+                rados_shutdown(c);
+            return client_error(err, -rc, "reading the configuration", pool);
+        }
+        rados_conf_parse_env(c, NULL);
+        static const char *const options[] = {"rados_osd_op_timeout", "rados_mon_op_timeout",
+                                              "client_mount_timeout"};
+        for (size_t i = 0; i < sizeof(options) / sizeof(*options); i++)
+            rados_conf_set(c, options[i], timeout);
+        /* the kernel's page cache (through the mount) is the cache: no
+         * per-image cache of librbd's own (32 MiB each by default) */
+        rados_conf_set(c, "rbd_cache", "false");
+        rados_conf_set(c, "admin_socket", "");
+        rados_conf_set(c, "log_to_stderr", "false");
+        rados_conf_set(c, "err_to_stderr", "false");
+        if ((rc = rados_connect(c)) < 0) {
+            rados_shutdown(c);
+            return client_error(err, -rc, "connecting to the cluster", pool);
+        }
+        client.cluster = c;
+        client.pid = self;
+    }
+    for (pool_io_t *p = client.pools; p; p = p->next)
+        if (!strcmp(p->name, pool)) {
+            *io = p->io;
+            return SFS_OK;
+        }
+    pool_io_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "rbd:%s: out of memory", pool);
+    snprintf(p->name, sizeof(p->name), "%s", pool);
+    int rc = rados_ioctx_create(client.cluster, pool, &p->io);
+    if (rc < 0) {
+        free(p);
+        if (rc == -ENOENT)
+            return sfs_fail(err, SFS_EIO, ENOENT, "rbd:%s: no such pool", pool);
+        return client_error(err, -rc, "opening the pool", pool);
+    }
+    p->next = client.pools;
+    client.pools = p;
+    *io = p->io;
+    return SFS_OK;
+}
+
+/* ------------------------------------------------------------ an image */
+
+struct sfs_rbd {
+    char pool[SFS_RBD_NAME_MAX], image[SFS_RBD_NAME_MAX];
+    uint8_t *expect;
+    size_t expect_len;
+    pthread_mutex_t lock;
+    pid_t pid;        /* the process `img` was opened in; 0 = not open */
+    rbd_image_t img;
+    uint64_t size;
+    char error[512];
+};
+
+int sfs_rbd_new(const char *pool, const char *image, const uint8_t *expect, size_t expect_len,
+                sfs_rbd_t **out, sfs_error_t *err)
+{
+    sfs_rbd_t *r = calloc(1, sizeof(*r));
+    if (!r || (expect_len && !(r->expect = malloc(expect_len)))) {
+        free(r);
+        *out = NULL;
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "rbd:%s/%s: out of memory", pool, image);
+    }
+    snprintf(r->pool, sizeof(r->pool), "%s", pool);
+    snprintf(r->image, sizeof(r->image), "%s", image);
+    if (expect_len)
+        memcpy(r->expect, expect, expect_len);
+    r->expect_len = expect_len;
+    pthread_mutex_init(&r->lock, NULL);
+    *out = r;
+    return SFS_OK;
+}
+
+/* Open the image in this process (r->lock held). */
+static int open_image(sfs_rbd_t *r, sfs_error_t *err)
+{
+    pid_t self = getpid();
+    if (r->pid == self)
+        return SFS_OK;
+    r->pid = 0; /* a handle from before fork() is not used (nor closed) */
+    rados_ioctx_t io;
+    pthread_mutex_lock(&client_lock);
+    int rc = pool_io(r->pool, &io, err);
+    pthread_mutex_unlock(&client_lock);
+    if (rc != SFS_OK)
+        return rc;
+    char name[2 * SFS_RBD_NAME_MAX + 8];
+    snprintf(name, sizeof(name), "%s/%s", r->pool, r->image);
+    rbd_image_t img;
+    int e = rbd_open_read_only(io, r->image, &img, NULL);
+    if (e < 0)
+        return e == -ENOENT ? sfs_fail(err, SFS_EIO, ENOENT, "rbd:%s: no such image", name)
+                            : client_error(err, -e, "opening the image", name);
+    uint64_t size = 0;
+    if ((e = rbd_get_size(img, &size)) < 0) {
+        rbd_close(img);
+        return client_error(err, -e, "reading the image's size", name);
+    }
+    if (r->expect_len) {
+        uint8_t *head = malloc(r->expect_len);
+        ssize_t got = head ? rbd_read(img, 0, r->expect_len, (char *)head) : -ENOMEM;
+        int same = got == (ssize_t)r->expect_len && !memcmp(head, r->expect, r->expect_len);
+        free(head);
+        if (!same) {
+            rbd_close(img);
+            if (got < 0)
+                return client_error(err, (int)-got, "reading the header", name);
+            return sfs_fail(err, SFS_EIO, ESTALE,
+                            "rbd:%s: the image no longer holds the shard of its local copy "
+                            "(its header changed): remove the copy from the cache directory",
+                            name);
+        }
+    }
+    r->img = img;
+    r->size = size;
+    r->pid = self;
+    return SFS_OK;
+}
+
+int sfs_rbd_connect(sfs_rbd_t *r, uint64_t *size, sfs_error_t *err)
+{
+    pthread_mutex_lock(&r->lock);
+    int rc = open_image(r, err);
+    if (rc == SFS_OK && size)
+        *size = r->size;
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+/* The image opened in this process, or NULL (errno-like code in *e). */
+static rbd_image_t ready(sfs_rbd_t *r, int *e)
+{
+    if (__atomic_load_n(&r->pid, __ATOMIC_ACQUIRE) == getpid())
+        return r->img;
+    pthread_mutex_lock(&r->lock);
+    sfs_error_t err;
+    int rc = open_image(r, &err);
+    if (rc != SFS_OK) {
+        snprintf(r->error, sizeof(r->error), "%s", err.message);
+        *e = err.sys_errno ? err.sys_errno : EIO;
+    }
+    rbd_image_t img = rc == SFS_OK ? r->img : NULL;
+    pthread_mutex_unlock(&r->lock);
+    return img;
+}
+
+int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off)
+{
+    int e = EIO;
+    rbd_image_t img = ready(r, &e);
+    if (!img)
+        return -e;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = rbd_read(img, off + done, len - done, (char *)buf + done);
+        if (n < 0)
+            return n;
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (int64_t)done;
+}
+
+int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_t *lens,
+                       void *const *bufs, int64_t *results)
+{
+    int e = EIO;
+    rbd_image_t img = ready(r, &e);
+    if (!img)
+        return -e;
+    rbd_completion_t *c = calloc(n ? n : 1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = -EIO;
+        if (rbd_aio_create_completion(NULL, NULL, &c[i]) < 0) {
+            c[i] = NULL;
+            continue;
+        }
+        int rc = rbd_aio_read(img, offs[i], lens[i], bufs[i], c[i]);
+        if (rc < 0) {
+            results[i] = rc;
+            rbd_aio_release(c[i]);
+            c[i] = NULL;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!c[i])
+            continue;
+        rbd_aio_wait_for_complete(c[i]);
+        results[i] = rbd_aio_get_return_value(c[i]);
+        rbd_aio_release(c[i]);
+    }
+    free(c);
+    return 0;
+}
+
+const char *sfs_rbd_error(const sfs_rbd_t *r) { return r->error; }
+
+void sfs_rbd_close(sfs_rbd_t *r)
+{
+    if (!r)
+        return;
+    if (r->pid == getpid())
+        rbd_close(r->img);
+    pthread_mutex_destroy(&r->lock);
+    free(r->expect);
+    free(r);
+}
+
+/* ------------------------------------------------------------ listing */
+
+typedef struct {
+    const char *pool;
+    char **names;
+    size_t *size;
+} list_t;
+
+static int list_pool(void *arg, sfs_error_t *err)
+{
+    list_t *l = arg;
+    rados_ioctx_t io;
+    pthread_mutex_lock(&client_lock);
+    int rc = pool_io(l->pool, &io, err);
+    pthread_mutex_unlock(&client_lock);
+    if (rc != SFS_OK)
+        return rc;
+    size_t max = 64, want = 0;
+    rbd_image_spec_t *specs = NULL;
+    int e;
+    for (;;) {
+        specs = calloc(max, sizeof(*specs));
+        if (!specs)
+            return sfs_fail(err, SFS_ENOMEM, ENOMEM, "rbd:%s: out of memory", l->pool);
+        want = max;
+        e = rbd_list2(io, specs, &want);
+        if (e != -ERANGE)
+            break;
+        free(specs);
+        max = want > max ? want : 2 * max;
+    }
+    if (e < 0) {
+        free(specs);
+        return client_error(err, -e, "listing the pool", l->pool);
+    }
+    size_t total = 0, n = want < max ? want : max; /* rbd_list2 sets the count */
+    for (size_t i = 0; i < n; i++)
+        total += strlen(specs[i].name) + 1;
+    char *block = malloc(total ? total : 1), *at = block;
+    if (!block) {
+        rbd_image_spec_list_cleanup(specs, n);
+        free(specs);
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "rbd:%s: out of memory", l->pool);
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(specs[i].name) + 1;
+        memcpy(at, specs[i].name, len);
+        at += len;
+    }
+    rbd_image_spec_list_cleanup(specs, n);
+    free(specs);
+    *l->names = block;
+    *l->size = total;
+    return SFS_OK;
+}
+
+int sfs_rbd_list(const char *pool, char **names, size_t *size, sfs_error_t *err)
+{
+    *names = NULL;
+    *size = 0;
+    list_t l = {pool, names, size};
+    job_t job = {list_pool, &l, names, size};
+    return run_job(&job, err);
+}
+
+#endif

@@ -988,6 +988,13 @@ def _add_create_parser(command) -> None:
     p.add_argument("--force", action="store_true", help="replace SHARD if it exists")
 
 
+def _add_copy_dir(p) -> None:
+    """--cache-dir of a read verb: where an rbd: source's local copy is."""
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="where local copies of rbd:POOL/IMAGE shards are kept (default: $SHARDFS_CACHE_DIR, "
+                        "else ~/.cache/shardfs)")
+
+
 def _add_info_parser(command) -> None:
     """``shardfs info``: `command(func, help, description, examples)` adds it."""
     p = command(
@@ -996,9 +1003,11 @@ def _add_info_parser(command) -> None:
         "Print the seven header fields, the slot count, the number of live\n"
         "objects, the shard's extent and hash section size (bytes) and the total\n"
         "bytes of the live objects, one 'name: value' per line.",
-        "  shardfs info my.shard\n",
+        "  shardfs info my.shard\n"
+        "  shardfs info rbd:shards/my-image   # a shard in a Ceph RBD image\n",
     )
     p.add_argument("shard", metavar="SHARD")
+    _add_copy_dir(p)
 
 
 def _add_ls_parser(command) -> None:
@@ -1015,6 +1024,7 @@ def _add_ls_parser(command) -> None:
     )
     p.add_argument("shard", metavar="SHARD")
     p.add_argument("-l", "--long", action="store_true", help="also print each object's size in bytes")
+    _add_copy_dir(p)
 
 
 def _add_get_parser(command) -> None:
@@ -1093,6 +1103,7 @@ def _add_check_parser(command) -> None:
     )
     p.add_argument("shard", metavar="SHARD")
     p.add_argument("--hash", action="store_true", help="also verify every object's SHA-256")
+    _add_copy_dir(p)
 
 
 def _add_delete_parser(command) -> None:

@@ -17,6 +17,7 @@ process, stopped by PID, and their directory removed, whatever happens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -175,6 +176,19 @@ admin_socket =
                 raise RuntimeError(f"ceph-osd exited: {self.tail('osd')}")
             time.sleep(0.1)
         raise RuntimeError(f"the OSD did not come up within {timeout:g} s: {self.tail('osd')}")
+
+    @contextlib.contextmanager
+    def paused(self, name: str):
+        """Daemon `name` ("osd" or "mon") stopped (SIGSTOP: it answers no
+        one, as a hung or unreachable daemon) for the block, then resumed.
+        memstore keeps its objects only while the OSD lives: a kill would
+        lose them."""
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            proc.send_signal(signal.SIGCONT)
 
     def tail(self, name: str) -> str:
         try:

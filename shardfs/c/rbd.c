@@ -436,6 +436,10 @@ int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off)
     rbd_image_t img = ready(r, &e);
     if (!img)
         return -e;
+    if (off >= r->size) /* librbd refuses reads past the end (EINVAL) */
+        return 0;
+    if (len > r->size - off)
+        len = (size_t)(r->size - off);
     size_t done = 0;
     while (done < len) {
         ssize_t n = rbd_read(img, off + done, len - done, (char *)buf + done);
@@ -460,6 +464,11 @@ int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_
         return -ENOMEM;
     for (size_t i = 0; i < n; i++) {
         results[i] = -EIO;
+        if (offs[i] > r->size || lens[i] > r->size - offs[i]) {
+            results[i] = -EINVAL; /* past the image's end */
+            c[i] = NULL;
+            continue;
+        }
         if (rbd_aio_create_completion(NULL, NULL, &c[i]) < 0) {
             c[i] = NULL;
             continue;

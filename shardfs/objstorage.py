@@ -8,14 +8,16 @@ with ``pip install 'shardfs[swh]'``), so that ``get_objstorage("shardfs",
 them read Read Shards. A configuration, as ``objstorage:`` holds it::
 
     cls: shardfs
-    shards: [/srv/shards/a.shard, /dev/rbd/pool/image]  # files or block devices
-    shard_dir: /srv/shards        # every shard in it, followed live
+    shards: [/srv/shards/a.shard, /dev/rbd/pool/image, rbd:pool/image]  # files, block devices, RBD images
+    shard_dir: /srv/shards        # every shard in it, followed live (or rbd:POOL: its images)
+    ceph: {conf: /etc/ceph/ceph.conf, id: shardfs, timeout: 30}  # for rbd: sources (all optional)
     cache_dir: /var/cache/shardfs # sidecars, global index, hash indexes (default: ~/.cache/shardfs)
     primary_hash: sha256          # or sha1, sha1_git
     hashes: [sha1, sha1_git]      # also find ids by these (default: primary_hash, unless sha256)
 
 or ``winery: {dsn: "postgresql://reader@db/winery", pools_dir: /srv/pools}``
-(``pools_dir`` optional: images under /dev/rbd/<pool>/<name>) instead of
+(``pools_dir`` optional: images under /dev/rbd/<pool>/<name>; ``rbd: librbd``
+instead: images read through librbd, nothing mapped) instead of
 ``shards``/``shard_dir``. Object ids are swh ``HashDict``s (a dict of
 hash name to digest bytes); objects are found by their ``sha256``, or by
 their ``sha1`` or ``sha1_git`` when the id carries no sha256 and the
@@ -89,7 +91,8 @@ class ShardfsObjStorage(ObjStorage):
 
     def __init__(self, shards: Optional[Sequence[str]] = None, shard_dir: Optional[str] = None,
                  winery: Optional[Dict[str, Any]] = None, cache_dir: Optional[str] = None,
-                 primary_hash: str = "sha256", hashes: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
+                 primary_hash: str = "sha256", hashes: Optional[Sequence[str]] = None,
+                 ceph: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
         if primary_hash not in ("sha256",) + hashes_mod.HASH_NAMES:
             raise ConfigError(f"shardfs objstorage: primary_hash {primary_hash!r} is not supported: "
                               f"choose sha256, {', '.join(hashes_mod.HASH_NAMES)}")
@@ -111,15 +114,34 @@ class ShardfsObjStorage(ObjStorage):
             if self._paths or shard_dir:
                 raise ConfigError("shardfs objstorage: 'winery' stands alone: give no 'shards' nor 'shard_dir' "
                                   "with it")
-            unknown = set(self._winery) - {"dsn", "pools_dir"}
+            unknown = set(self._winery) - {"dsn", "pools_dir", "rbd"}
+            if self._winery.pop("rbd", "mapped") == "librbd":
+                from shardfs.winery import LIBRBD
+
+                self._winery["pools_dir"] = LIBRBD
             if not self._winery.get("dsn") or unknown:
-                raise ConfigError("shardfs objstorage: 'winery' needs 'dsn' (and optionally 'pools_dir')"
+                raise ConfigError("shardfs objstorage: 'winery' needs 'dsn' (and optionally 'pools_dir', or "
+                                  "'rbd: librbd')"
                                   + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""))
             if self._hashes:
                 raise ConfigError("shardfs objstorage: 'winery' finds objects by sha256 only (primary_hash "
                                   "sha256, no 'hashes')")
         elif not self._paths and not shard_dir:
             raise ConfigError("shardfs objstorage: give 'shards', 'shard_dir' (or both), or 'winery'")
+        if ceph is not None:
+            unknown = set(ceph) - {"conf", "id", "timeout"}
+            if unknown:
+                raise ConfigError(f"shardfs objstorage: 'ceph' takes conf, id and timeout; unknown: "
+                                  f"{', '.join(sorted(unknown))}")
+        from shardfs import rbd
+
+        if ceph is not None or cache_dir is not None:
+            ceph = ceph or {}
+            try:
+                rbd.configure(conf=ceph.get("conf"), client_id=ceph.get("id"), cache_dir=cache_dir,
+                              timeout=ceph.get("timeout"))
+            except ValueError as exc:
+                raise ConfigError(f"shardfs objstorage: ceph: {exc}") from None
         self._lock = threading.Lock()
         self._pid = os.getpid()
         this = weakref.ref(self)  # a new lock in a forked child: one copied may be held by a thread that is gone

@@ -72,6 +72,9 @@ DB_TIMEOUT = 4.0
 CONNECT_TIMEOUT = 2
 #: Where a Ceph RBD pool's images are mapped (``rbd device map``).
 RBD_DIR = "/dev/rbd"
+#: `pools_dir` meaning: read the Ceph pools' images through librbd
+#: (``rbd:<pool_name>/<name>`` sources, `shardfs.rbd`), nothing mapped.
+LIBRBD = "rbd:"
 
 
 class WineryError(ShardError):
@@ -330,7 +333,7 @@ class Catalog:
 
     `pools_dir`: a directory pool's base directory (images at
     ``pools_dir/<pool_name>/<name>``); None: Ceph pools mapped under
-    /dev/rbd. The set is synced by `sync()`; a database that is down
+    /dev/rbd; LIBRBD: Ceph pools read through librbd. The set is synced by `sync()`; a database that is down
     changes nothing (what is served stays served).
     """
 
@@ -349,7 +352,10 @@ class Catalog:
         self.polls = 0
 
     def image_path(self, row: ShardRow) -> str:
-        """Where `row`'s image is on this host."""
+        """Where `row`'s image is on this host: a path, or with `pools_dir`
+        LIBRBD the source ``rbd:<pool_name>/<name>``."""
+        if self.pools_dir == LIBRBD:
+            return f"{LIBRBD}{row.pool_name}/{row.name}"
         base = self.pools_dir if self.pools_dir is not None else RBD_DIR
         return os.path.join(base, row.pool_name, row.name)
 
@@ -778,7 +784,8 @@ class WineryStore:
 
     `dsn`: a libpq connection string (key=value or URI; SELECT rights
     suffice). `pools_dir`: a directory pool's base directory (default: Ceph
-    images mapped under /dev/rbd). `cache_dir`: where sidecars of images
+    images mapped under /dev/rbd; LIBRBD, ``"rbd:"``: Ceph images read
+    through librbd, as configured by `shardfs.rbd.configure`). `cache_dir`: where sidecars of images
     are found (the mounts' cache; none is built here: an image without one
     is probed directly). Keys are 32 raw bytes or 64 hex characters.
 

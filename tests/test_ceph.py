@@ -371,3 +371,40 @@ def test_a_pool_mount_follows_its_images(ceph, tmp_path, mounter):
     ceph.rbd("rm", f"{pool}/one")
     assert wait_until(lambda: not set(keys["one"]) & set(os.listdir(point)), timeout=30)
     assert sorted(os.listdir(point)) == sorted(keys["two"])
+
+
+@needs_librbd
+def test_a_winery_mount_reads_its_rbd_pool_through_librbd(ceph, winery, tmp_path, mounter):
+    """A winery deployment made by swh-objstorage's own code, its images
+    moved into the cluster as winery's rbd pool lays them out (pool
+    `<pool_name>`, data in `<pool_name>-data`): `-o winery_rbd=librbd`
+    serves them with nothing mapped (no /dev/rbd), every object sha256-clean,
+    with the objects still in write shards from PostgreSQL; the API
+    (WineryStore with pools_dir "rbd:") reads the same."""
+    from test_winery import build
+
+    data, where = build(winery, readonly=15, packed=10, written=5)
+    data_pool = f"{winery.pool_name}-data"
+    if data_pool not in ceph.ceph("osd", "pool", "ls").stdout.split():
+        ceph.ceph("osd", "pool", "create", data_pool)
+        ceph.rbd("pool", "init", data_pool)
+    images = sorted(os.listdir(os.path.join(winery.pools_dir, winery.pool_name)))
+    assert images
+    for name in images:
+        ceph.rbd("import", "--data-pool", data_pool, os.path.join(winery.pools_dir, winery.pool_name, name),
+                 f"{winery.pool_name}/{name}")
+    cache = tmp_path / "cache"
+    point = mounter.mount([], tmp_path / "m", "--winery", winery.readonly_dsn, "-o",
+                          f"winery_rbd=librbd,ceph_conf={ceph.conf},ceph_timeout={CEPH_TIMEOUT}",
+                          "--cache-dir", str(cache))
+    for key, content in data.items():
+        path = point / key.hex()[:2] / key.hex()[2:4] / key.hex()
+        assert path.read_bytes() == content, key.hex()
+    assert sorted(os.listdir(cache / "rbd" / winery.pool_name)) == sorted(f"{n}.copy" for n in images)
+    _python(ceph, tmp_path / "cache-api", f"""
+from shardfs.winery import WineryStore, LIBRBD
+import hashlib
+with WineryStore({winery.readonly_dsn!r}, pools_dir=LIBRBD) as store:
+    for key, content in {[(k.hex(), v) for k, v in data.items()]!r}:
+        assert store.get(bytes.fromhex(key)) == content, key
+""")

@@ -184,7 +184,7 @@ def check_mountpoint(mountpoint: str) -> str:
 #: owner of every file, layout, slicing, sidecar cache directory, number
 #: of worker processes.
 OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "winery_pools_dir", "hashes",
-               "ceph_conf", "ceph_id", "ceph_timeout")
+               "ceph_conf", "ceph_id", "ceph_timeout", "winery_rbd")
 
 #: Options mount(8) and mount.fuse3 pass by default (``rw,dev,suid`` for
 #: an fstab line with ``defaults``), accepted and ignored when shardfs runs
@@ -605,15 +605,30 @@ def _mount_winery(dsn: str, mountpoint: str, foreground: bool, options: Optional
     """`mount_shards()` of a winery deployment."""
     from shardfs.winery import check, database_name
 
+    from shardfs import rbd
+    from shardfs.winery import LIBRBD
+
     opts, own = build_options([f"winery-{database_name(dsn)}"], options, helper=helper)
     pools_dir = pools_dir or own.get("winery_pools_dir")
-    if pools_dir is not None:
+    how = own.get("winery_rbd", "mapped")
+    if how not in ("mapped", "librbd"):
+        raise _shard_error(f"mount option winery_rbd={how}: expected mapped (/dev/rbd) or librbd")
+    if how == "librbd":
+        if pools_dir is not None:
+            raise _shard_error("mount options winery_rbd=librbd and winery_pools_dir= exclude each other")
+        if not rbd.available():
+            raise _shard_error("winery_rbd=librbd: this shardfs was built without librbd: install librbd-dev "
+                               "(Debian) and reinstall shardfs")
+        pools_dir = LIBRBD
+    elif pools_dir is not None:
         pools_dir = os.path.abspath(pools_dir)
         if not os.path.isdir(pools_dir):
             raise _shard_error(f"winery pools directory {pools_dir} is not a directory")
     settings = _settings(own, layout, slicing, cache_dir, workers, default_layout="fanout")
     mp = check_mountpoint(mountpoint)
     check(dsn)  # a wrong DSN or a database that is not winery's: one line, now
+    if pools_dir == LIBRBD:
+        configure_rbd(settings)
     if not foreground:
         return _spawn_daemon([], mp, opts, debug, log_file, stdin_data=dsn.encode(), winery_stdin=True,
                              winery_pools_dir=pools_dir, **settings)
@@ -790,6 +805,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
         if args.winery_stdin:
             dsn = sys.stdin.read().strip()
             sys.stdin.close()
+            configure_rbd(vars(args))
             shards, catalog, view = open_winery(dsn, args.winery_pools_dir, args.cache_dir)
             shards.followed = True
             winery = (catalog, view)

@@ -408,3 +408,34 @@ with WineryStore({winery.readonly_dsn!r}, pools_dir=LIBRBD) as store:
     for key, content in {[(k.hex(), v) for k, v in data.items()]!r}:
         assert store.get(bytes.fromhex(key)) == content, key
 """)
+
+
+@needs_librbd
+def test_damaged_and_stale_local_copies(ceph, tmp_path):
+    """A local copy cut short is rebuilt at the next open; an image replaced
+    under the same name by another shard is noticed at the first read of a
+    process (its header differs from the copy's): reads fail with ESTALE
+    naming the cause, never another shard's bytes."""
+    shard, files = _docs_shard(tmp_path)
+    other = tmp_path / "other.shard"
+    run(SHARDFS + ["create", other, "/usr/share/doc/bash"], check=True)
+    _import(ceph, shard, "stale")
+    cache = tmp_path / "cache"
+    copy = cache / "rbd" / POOL / "stale.copy"
+    key = sorted(files)[0]
+    _python(ceph, cache, f"assert shardfs.Shard('rbd:{POOL}/stale')[bytes.fromhex({key!r})]")
+    ino = copy.stat().st_ino
+    os.truncate(copy, copy.stat().st_size - 100)
+    _python(ceph, cache, f"assert shardfs.Shard('rbd:{POOL}/stale')[bytes.fromhex({key!r})] == "
+                         f"open({files[key]!r}, 'rb').read()")
+    assert copy.stat().st_ino != ino
+    ceph.rbd("rm", f"{POOL}/stale")
+    _import(ceph, other, "stale")
+    out = _python(ceph, cache, f"""
+s = shardfs.Shard('rbd:{POOL}/stale')
+try:
+    s[bytes.fromhex({key!r})]
+except OSError as exc:
+    print(exc.errno, exc)
+""").stdout
+    assert out.startswith(f"{errno.ESTALE} ") and "remove the copy" in out, out

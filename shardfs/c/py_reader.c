@@ -189,6 +189,12 @@ static PyObject *read_failed(Reader *self, int rc)
         return gone(sfs_path(self->shard));
     if (rc == SFS_EIO) {
         int e = errno ? errno : EIO;
+        const char *why = sfs_source_error(self->shard);
+        if (why && *why) { /* an rbd: source's connection error names its cause */
+            sfs_error_t err = {.status = SFS_EIO, .sys_errno = e};
+            snprintf(err.message, sizeof(err.message), "%s", why);
+            return raise_error(&err);
+        }
         return os_error(e, sfs_path(self->shard), strerror(e));
     }
     PyErr_Format(ShardError, "%s: read outside the objects section", sfs_path(self->shard));

@@ -399,7 +399,8 @@ static int open_image(sfs_rbd_t *r, sfs_error_t *err)
     }
     r->img = img;
     r->size = size;
-    r->pid = self;
+    r->error[0] = 0;
+    __atomic_store_n(&r->pid, self, __ATOMIC_RELEASE);
     return SFS_OK;
 }
 

@@ -931,6 +931,8 @@ const uint8_t *sfs_data(const sfs_shard_t *s, uint64_t offset, uint64_t length)
 
 int sfs_is_rbd(const sfs_shard_t *s) { return s->rbd != NULL; }
 
+const char *sfs_source_error(const sfs_shard_t *s) { return s->rbd ? sfs_rbd_error(s->rbd) : NULL; }
+
 /* Up to this many bytes are copied from the mapping: no system call when
  * cached, and a cold page fault reads one 4 KiB page (MADV_RANDOM). Longer
  * ranges are read with pread(), which asks the device for the whole range

@@ -205,6 +205,11 @@ const uint8_t *sfs_data(const sfs_shard_t *shard, uint64_t offset, uint64_t leng
  * SFS_EAGAIN, sfs_prefetch does nothing), its index from a local copy. */
 int sfs_is_rbd(const sfs_shard_t *shard);
 
+/* For an rbd: source, the one-line message of its last failed connection
+ * (why reads fail: "rbd:P/I: no such image", a changed header...), "" when
+ * none; NULL for a file. */
+const char *sfs_source_error(const sfs_shard_t *shard);
+
 /* n reads at once: lengths[i] bytes at offsets[i] into dsts[i]; results[i]
  * gets SFS_OK, SFS_EINVAL (outside the objects section) or SFS_EIO (errno
  * as for sfs_read). For an rbd: source all are in flight together

@@ -177,9 +177,10 @@ print(st.st_size, st.st_blocks * 512)
 @needs_librbd
 def test_lookups_cost_no_cluster_read_and_reads_fail_in_time(ceph, tmp_path):
     """With the OSD stopped, every lookup (presence, size, offset) still
-    answers at once from the local copy; a read fails with ETIMEDOUT within
-    the configured timeout instead of hanging; once the OSD is back the
-    same read returns the object."""
+    answers at once from the local copy, and an object read ahead before
+    (`prefetch`: what a mount's LOOKUP does) is read from that; any other
+    read fails with ETIMEDOUT within the configured timeout instead of
+    hanging; once the OSD is back the same read returns the object."""
     shard, files = _docs_shard(tmp_path)
     _import(ceph, shard, "faults-api")
     ready = tmp_path / "ready"
@@ -188,8 +189,14 @@ def test_lookups_cost_no_cluster_read_and_reads_fail_in_time(ceph, tmp_path):
 s = shardfs.Shard("rbd:{POOL}/faults-api")
 keys = [bytes.fromhex(k) for k in {sorted(files)!r}]
 s[keys[0]]  # connected
+ahead_at, ahead_size = s.locate(keys[2])
+s.prefetch(ahead_at, ahead_size, ahead_size)  # read ahead now, taken by the read below
+time.sleep(0.5)
 open({str(ready)!r}, "w").close()
 while not os.path.exists({str(go)!r}): time.sleep(0.05)
+t = time.monotonic()
+ahead = s.pread(ahead_at, ahead_size, 0, ahead_size).hex()
+took_ahead = time.monotonic() - t
 t = time.monotonic()
 sizes = [s.size(k) for k in keys]
 assert all(k in s for k in keys) and all(s.locate(k) for k in keys)
@@ -200,7 +207,8 @@ try:
     failed = None
 except OSError as exc:
     failed = exc.errno
-print(json.dumps({{"lookups": lookups, "read": time.monotonic() - t, "errno": failed, "sizes": sizes}}))
+print(json.dumps({{"lookups": lookups, "read": time.monotonic() - t, "errno": failed, "sizes": sizes,
+                  "ahead": ahead, "took_ahead": took_ahead}}))
 open({str(ready)!r} + ".2", "w").close()
 while not os.path.exists({str(go)!r} + ".2"): time.sleep(0.05)
 print(len(s[keys[1]]))
@@ -231,6 +239,8 @@ print(len(s[keys[1]]))
     local = __import__("shardfs").Shard(shard)
     keys = sorted(files)
     assert result["sizes"] == [local.size(bytes.fromhex(k)) for k in keys]
+    # the object read ahead before the OSD stopped is served without it
+    assert bytes.fromhex(result["ahead"]) == local[bytes.fromhex(keys[2])] and result["took_ahead"] < 1.0
     assert int(second) == local.size(bytes.fromhex(keys[1]))
 
 

@@ -221,6 +221,8 @@ int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_
     return -ENOSYS;
 }
 
+void sfs_rbd_prefetch(sfs_rbd_t *r, uint64_t off, size_t len) {}
+
 const char *sfs_rbd_error(const sfs_rbd_t *r) { return MISSING; }
 
 void sfs_rbd_close(sfs_rbd_t *r) { free(r); }
@@ -327,6 +329,16 @@ static int pool_io(const char *pool, rados_ioctx_t *io, sfs_error_t *err)
 
 /* ------------------------------------------------------------ an image */
 
+/* A read started ahead (sfs_rbd_prefetch), kept until a read within its
+ * range takes it, or until evicted once complete. */
+typedef struct {
+    uint64_t off;
+    size_t len;       /* 0: the entry is free */
+    char *buf;
+    rbd_completion_t done;
+    uint64_t stamp;   /* for eviction: the oldest complete one goes first */
+} ahead_t;
+
 struct sfs_rbd {
     char pool[SFS_RBD_NAME_MAX], image[SFS_RBD_NAME_MAX];
     uint8_t *expect;
@@ -336,6 +348,9 @@ struct sfs_rbd {
     rbd_image_t img;
     uint64_t size;
     char error[512];
+    pthread_mutex_t ahead_lock;
+    ahead_t ahead[SFS_RBD_AHEAD];
+    uint64_t ahead_clock;
 };
 
 int sfs_rbd_new(const char *pool, const char *image, const uint8_t *expect, size_t expect_len,
@@ -353,6 +368,7 @@ int sfs_rbd_new(const char *pool, const char *image, const uint8_t *expect, size
         memcpy(r->expect, expect, expect_len);
     r->expect_len = expect_len;
     pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_init(&r->ahead_lock, NULL);
     *out = r;
     return SFS_OK;
 }
@@ -364,6 +380,7 @@ static int open_image(sfs_rbd_t *r, sfs_error_t *err)
     if (r->pid == self)
         return SFS_OK;
     r->pid = 0; /* a handle from before fork() is not used (nor closed) */
+    memset(r->ahead, 0, sizeof(r->ahead)); /* nor its reads ahead (buffers leaked) */
     rados_ioctx_t io;
     pthread_mutex_lock(&client_lock);
     int rc = pool_io(r->pool, &io, err);
@@ -431,6 +448,87 @@ static rbd_image_t ready(sfs_rbd_t *r, int *e)
     return img;
 }
 
+void sfs_rbd_prefetch(sfs_rbd_t *r, uint64_t off, size_t len)
+{
+    int e;
+    rbd_image_t img = ready(r, &e);
+    if (!img || !len || off >= r->size)
+        return;
+    if (len > SFS_RBD_AHEAD_MAX)
+        len = SFS_RBD_AHEAD_MAX;
+    if (len > r->size - off)
+        len = (size_t)(r->size - off);
+    pthread_mutex_lock(&r->ahead_lock);
+    ahead_t *slot = NULL;
+    for (int i = 0; i < SFS_RBD_AHEAD; i++) {
+        ahead_t *a = &r->ahead[i];
+        if (a->len && a->off <= off && off + len <= a->off + a->len)
+            goto out; /* asked already */
+        if (!a->len) {
+            if (!slot || slot->len)
+                slot = a;
+        } else if ((!slot || (slot->len && a->stamp < slot->stamp)) && rbd_aio_is_complete(a->done)) {
+            slot = a; /* the oldest complete read nobody took */
+        }
+    }
+    if (!slot)
+        goto out; /* every entry in flight: this one is read when asked */
+    if (slot->len) {
+        rbd_aio_release(slot->done);
+        free(slot->buf);
+        slot->len = 0;
+    }
+    if (!(slot->buf = malloc(len)))
+        goto out;
+    if (rbd_aio_create_completion(NULL, NULL, &slot->done) < 0) {
+        free(slot->buf);
+        goto out;
+    }
+    if (rbd_aio_read(img, off, len, slot->buf, slot->done) < 0) {
+        rbd_aio_release(slot->done);
+        free(slot->buf);
+        goto out;
+    }
+    slot->off = off;
+    slot->len = len;
+    slot->stamp = ++r->ahead_clock;
+out:
+    pthread_mutex_unlock(&r->ahead_lock);
+}
+
+/* Take the read ahead covering [off, off + len): its bytes copied to buf
+ * once complete. 1 when it answered (*got: bytes or -errno), else 0. */
+static int take_ahead(sfs_rbd_t *r, void *buf, size_t len, uint64_t off, int64_t *got)
+{
+    ahead_t a = {0};
+    pthread_mutex_lock(&r->ahead_lock);
+    for (int i = 0; i < SFS_RBD_AHEAD; i++) {
+        ahead_t *x = &r->ahead[i];
+        if (x->len && x->off <= off && off + len <= x->off + x->len) {
+            a = *x;
+            x->len = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->ahead_lock);
+    if (!a.len)
+        return 0;
+    rbd_aio_wait_for_complete(a.done);
+    ssize_t n = rbd_aio_get_return_value(a.done);
+    rbd_aio_release(a.done);
+    if (n >= 0 && (size_t)n >= off - a.off + len)
+        memcpy(buf, a.buf + (off - a.off), len);
+    free(a.buf);
+    if (n < 0) {
+        *got = n;
+        return 1;
+    }
+    if ((size_t)n < off - a.off + len)
+        return 0; /* short: read it again below */
+    *got = (int64_t)len;
+    return 1;
+}
+
 int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off)
 {
     int e = EIO;
@@ -441,6 +539,9 @@ int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off)
         return 0;
     if (len > r->size - off)
         len = (size_t)(r->size - off);
+    int64_t got;
+    if (take_ahead(r, buf, len, off, &got))
+        return got;
     size_t done = 0;
     while (done < len) {
         ssize_t n = rbd_read(img, off + done, len - done, (char *)buf + done);
@@ -498,9 +599,17 @@ void sfs_rbd_close(sfs_rbd_t *r)
 {
     if (!r)
         return;
-    if (r->pid == getpid())
+    if (r->pid == getpid()) {
+        for (int i = 0; i < SFS_RBD_AHEAD; i++)
+            if (r->ahead[i].len) { /* librbd writes into the buffer until done */
+                rbd_aio_wait_for_complete(r->ahead[i].done);
+                rbd_aio_release(r->ahead[i].done);
+                free(r->ahead[i].buf);
+            }
         rbd_close(r->img);
+    }
     pthread_mutex_destroy(&r->lock);
+    pthread_mutex_destroy(&r->ahead_lock);
     free(r->expect);
     free(r);
 }

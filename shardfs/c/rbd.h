@@ -98,6 +98,17 @@ int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off);
 int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_t *lens,
                        void *const *bufs, int64_t *results);
 
+/* Start reading [off, off + min(len, SFS_RBD_AHEAD_MAX)) now, without
+ * waiting (asynchronous read): the next sfs_rbd_pread within that range
+ * takes its bytes instead of asking the cluster (a mount's LOOKUP starts
+ * the read the READ that follows needs). At most SFS_RBD_AHEAD reads are
+ * kept per image: when all are in flight the request is dropped; a
+ * complete one nobody took is evicted, oldest first. Best effort: errors
+ * are left to the read that takes it. */
+#define SFS_RBD_AHEAD 32
+#define SFS_RBD_AHEAD_MAX (128 * 1024) /* bytes */
+void sfs_rbd_prefetch(sfs_rbd_t *r, uint64_t off, size_t len);
+
 /* The last connection error message of `r` ("" when none). */
 const char *sfs_rbd_error(const sfs_rbd_t *r);
 

@@ -890,7 +890,9 @@ int sfs_prefetch(const sfs_shard_t *s, uint64_t offset, uint64_t length)
 {
     if (!in_objects(s, offset, length))
         return SFS_EINVAL;
-    if (length && !s->rbd)
+    if (length && s->rbd)
+        sfs_rbd_prefetch(s->rbd, offset, (size_t)(length < SFS_RBD_AHEAD_MAX ? length : SFS_RBD_AHEAD_MAX));
+    else if (length)
         posix_fadvise(s->fd, (off_t)offset, (off_t)length, POSIX_FADV_WILLNEED);
     return SFS_OK;
 }

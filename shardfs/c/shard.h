@@ -202,7 +202,9 @@ const uint8_t *sfs_data(const sfs_shard_t *shard, uint64_t offset, uint64_t leng
 
 /* 1 when `shard` was opened from an rbd: source (rbd.h): its object bytes
  * are read from a Ceph RBD image (sfs_data gives NULL, sfs_read_nowait
- * SFS_EAGAIN, sfs_prefetch does nothing), its index from a local copy. */
+ * SFS_EAGAIN, sfs_prefetch starts an asynchronous read of the range's
+ * first 128 KiB that the next sfs_read within it takes: rbd.h), its index
+ * from a local copy. */
 int sfs_is_rbd(const sfs_shard_t *shard);
 
 /* For an rbd: source, the one-line message of its last failed connection

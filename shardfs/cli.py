@@ -1153,6 +1153,13 @@ def _add_mount_parser(command) -> None:
         "workers=N (1 to 64), hashes=sha1:sha1_git (also find objects as\n"
         "MOUNT/sha1/<hex>, MOUNT/sha1_git/<hex> and MOUNT/swh:1:cnt:<hex>; the\n"
         "shards are indexed by those in the background, see 'shardfs index').\n"
+        "\n"
+        "Shards in Ceph RBD images: a SHARD rbd:POOL/IMAGE, --shard-dir rbd:POOL\n"
+        "(every image of the pool, listed again every 2 s), read through librbd\n"
+        "(nothing mapped); -o ceph_conf=FILE,ceph_id=NAME,ceph_timeout=SECONDS\n"
+        "(default: $CEPH_CONF, admin, 30). A winery deployment's rbd pools:\n"
+        "-o winery_rbd=librbd instead of /dev/rbd/<pool>/<image>.\n"
+        "\n"
         "The mount is always ro,nosuid,nodev. As an fstab line (mount.fuse3\n"
         "runs 'shardfs SOURCE MOUNTPOINT -o OPTIONS'; a directory SOURCE is a\n"
         "--shard-dir):\n"
@@ -1173,7 +1180,10 @@ def _add_mount_parser(command) -> None:
         "  shardfs mount -o workers=4 my.shard /mnt/shard\n"
         "  mount -t fuse.shardfs -o ro,allow_other /srv/shards /mnt/shards\n"
         "  shardfs mount --winery 'host=db dbname=winery user=reader' /mnt/winery\n"
-        "  shardfs mount --winery postgresql://reader@db/winery --winery-pools-dir /srv/pools /mnt/winery\n",
+        "  shardfs mount --winery postgresql://reader@db/winery --winery-pools-dir /srv/pools /mnt/winery\n"
+        "  shardfs mount -o ceph_id=shardfs rbd:shards/2026-11-a /mnt/shard\n"
+        "  shardfs mount --shard-dir rbd:shards -o ceph_conf=/etc/ceph/ceph.conf /mnt/shards\n"
+        "  shardfs mount --winery postgresql://reader@db/winery -o winery_rbd=librbd /mnt/winery\n",
     )
     # One positional list, SHARD... MOUNTPOINT (split in cmd_mount), so that
     # options may come anywhere among them.
@@ -1181,9 +1191,11 @@ def _add_mount_parser(command) -> None:
               "       [--cache-dir DIR] [--log-file FILE] [--debug] [SHARD ...] MOUNTPOINT\n" \
               "       %(prog)s [options] --winery DSN [--winery-pools-dir DIR] MOUNTPOINT"
     p.add_argument("paths", metavar="[SHARD ...] MOUNTPOINT", nargs="*",
-                   help="shard files or block devices, then an existing empty directory")
+                   help="shard files, block devices or RBD images (rbd:POOL/IMAGE), then an existing empty "
+                        "directory")
     p.add_argument("--shard-dir", metavar="DIR",
-                   help="serve every shard in DIR, and follow it (shards added or removed)")
+                   help="serve every shard in DIR (or every image of an RBD pool, rbd:POOL), and follow "
+                        "it (shards added or removed)")
     p.add_argument("--winery", metavar="DSN",
                    help="mount a winery object storage: its Read Shards and the objects still in its "
                         "PostgreSQL database, named by DSN (a libpq connection string; SELECT rights "
@@ -1265,12 +1277,16 @@ def _helper_argv(argv: List[str]) -> bool:
     mount(8) and mount.fuse3 run ``shardfs SOURCE MOUNTPOINT -o OPTIONS``
     for an fstab line of type ``fuse.shardfs``. That becomes ``shardfs
     mount [--shard-dir] SOURCE MOUNTPOINT -o OPTIONS``: a directory SOURCE
-    is a shard directory. Only when SOURCE exists and ``-o`` is given (the
+    is a shard directory, and so is an RBD pool ``rbd:POOL`` (an image
+    ``rbd:POOL/IMAGE`` is a shard). Only when SOURCE exists and ``-o`` is given (the
     helpers always pass options), so that a mistyped command is reported
     as one instead of being taken for a mount.
     """
     if (len(argv) >= 2 and argv[0].startswith(("postgresql://", "postgres://")) and "-o" in argv):
         argv[:1] = ["mount", "--winery", argv[0]]  # a winery database (fstab: a URI)
+        return True
+    if len(argv) >= 2 and argv[0].startswith("rbd:") and "-o" in argv:  # an RBD image, or a pool's images
+        argv[:1] = ["mount", argv[0]] if "/" in argv[0] else ["mount", "--shard-dir", argv[0]]
         return True
     if (len(argv) < 2 or argv[0].startswith("-") or argv[0] in COMMANDS
             or "-o" not in argv or not os.path.exists(argv[0])):

@@ -449,3 +449,52 @@ except OSError as exc:
     print(exc.errno, exc)
 """).stdout
     assert out.startswith(f"{errno.ESTALE} ") and "remove the copy" in out, out
+
+
+@needs_librbd
+def test_the_objstorage_reads_rbd_sources(ceph, tmp_path):
+    """swh's `get_objstorage("shardfs", ...)` with `shards: [rbd:POOL/IMAGE]`,
+    `shard_dir: rbd:POOL2` and `ceph: {conf, timeout}`: every object by its
+    swh id (get, get_batch, check)."""
+    shard, files = _docs_shard(tmp_path)
+    _import(ceph, shard, "objstorage")
+    pool = "objstorage-dir"
+    ceph.ceph("osd", "pool", "create", pool)
+    ceph.rbd("pool", "init", pool)
+    other = tmp_path / "other.shard"
+    run(SHARDFS + ["create", other, "/usr/share/doc/bash"], check=True)
+    _import(ceph, other, "other", pool=pool)
+    more = {k: p for k, p in _files().items() if p.startswith("/usr/share/doc/bash/")}
+    proc = subprocess.run([sys.executable, "-c", f"""
+from swh.objstorage.factory import get_objstorage
+storage = get_objstorage("shardfs", shards=["rbd:{POOL}/objstorage"], shard_dir="rbd:{pool}",
+                         cache_dir={str(tmp_path / 'cache')!r}, ceph={{"conf": {str(ceph.conf)!r}, "timeout": {CEPH_TIMEOUT}}})
+files = {dict(files, **more)!r}
+ids = [{{"sha256": bytes.fromhex(k)}} for k in files]
+for obj_id, path in zip(ids, files.values()):
+    assert storage.get(obj_id) == open(path, "rb").read()
+    storage.check(obj_id)
+assert list(storage.get_batch(ids)) == [open(p, "rb").read() for p in files.values()]
+print(len(ids))
+"""], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout) == len(set(files) | set(more))
+
+
+@needs_librbd
+def test_fstab_lines_name_an_image_or_a_pool(ceph, shardfs_helper_in_path, mounter, tmp_path):
+    """`mount -t fuse.shardfs -o ro,ceph_conf=... rbd:POOL/IMAGE MP` (an
+    fstab line) mounts the image; `rbd:POOL` mounts the pool's images."""
+    shard, files = _docs_shard(tmp_path)
+    _import(ceph, shard, "fstab")
+    opts = f"ro,ceph_conf={ceph.conf},ceph_timeout={CEPH_TIMEOUT},cache_dir={tmp_path / 'cache'},layout=flat"
+    point = tmp_path / "m"
+    proc = mounter.command(["mount", "-t", "fuse.shardfs", "-o", opts, f"rbd:{POOL}/fstab", str(point)], point)
+    assert proc.returncode == 0, proc.stderr
+    key = sorted(files)[3]
+    assert (point / key).read_bytes() == Path(files[key]).read_bytes()
+    assert sorted(os.listdir(point)) == sorted(files)
+    assert run(["umount", str(point)]).returncode == 0
+    proc = mounter.command(["mount", "-t", "fuse.shardfs", "-o", opts, f"rbd:{POOL}", str(point)], point)
+    assert proc.returncode == 0, proc.stderr
+    assert (point / key).read_bytes() == Path(files[key]).read_bytes()

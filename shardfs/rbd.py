@@ -57,7 +57,7 @@ def available() -> bool:
 
 def configure(conf: Optional[str] = None, client_id: Optional[str] = None,
               cache_dir: Optional[str] = None, timeout: Optional[int] = None,
-              isolate: bool = False) -> None:
+              isolate: bool = False, max_images: Optional[int] = None) -> None:
     """Set this process's Ceph settings for the connections made after it:
     `conf` a ceph.conf path (None: $CEPH_CONF, else /etc/ceph/ceph.conf),
     `client_id` the client name without ``client.`` (None: ``admin``),
@@ -66,14 +66,26 @@ def configure(conf: Optional[str] = None, client_id: Optional[str] = None,
     (librados's rados_osd_op_timeout, rados_mon_op_timeout and
     client_mount_timeout; None: 30), `isolate`: build copies and list pools
     in a child process (a process that forks later must not start
-    librados's threads). ValueError for a timeout < 1."""
+    librados's threads), `max_images` the images kept open at once (None:
+    1024; beyond, the least recently used one no read is using is closed,
+    and opened again when read: a few ms). ValueError for a timeout < 1
+    or max_images < 1."""
     global _configured
     from shardfs.sidecar import default_cache_dir
     if timeout is not None and timeout < 1:
         raise ValueError(f"ceph timeout must be at least 1 second, got {timeout}")
+    if max_images is not None and max_images < 1:
+        raise ValueError(f"max_images must be at least 1, got {max_images}")
     _shardfs.rbd_configure(conf=conf, id=client_id, cache_dir=os.fspath(cache_dir or default_cache_dir()),
-                           timeout=int(timeout or DEFAULT_TIMEOUT), isolate=isolate)
+                           timeout=int(timeout or DEFAULT_TIMEOUT), isolate=isolate,
+                           max_images=max_images or 0)
     _configured = True
+
+
+def open_images() -> int:
+    """RBD images this process holds open now (at most `configure`'s
+    max_images, plus those being read)."""
+    return _shardfs.rbd_open_images()
 
 
 def ensure_configured() -> None:

@@ -498,3 +498,40 @@ def test_fstab_lines_name_an_image_or_a_pool(ceph, shardfs_helper_in_path, mount
     proc = mounter.command(["mount", "-t", "fuse.shardfs", "-o", opts, f"rbd:{POOL}", str(point)], point)
     assert proc.returncode == 0, proc.stderr
     assert (point / key).read_bytes() == Path(files[key]).read_bytes()
+
+
+@needs_librbd
+def test_open_images_are_bounded(ceph, tmp_path):
+    """30 images read in turn by 4 threads with `max_images=8`: every object
+    whole, and never more than 8 images open once the reads are done (the
+    least recently used idle ones closed, and opened again when read)."""
+    from mounting import build_shard
+
+    names, objects = [], {}
+    for i in range(30):
+        path = tmp_path / f"s{i}.shard"
+        objects[f"bound{i}"] = build_shard(path, [f"object {i} {j} ".encode() * (50 + j) for j in range(5)])
+        ceph.rbd("import", "--no-progress", str(path), f"{POOL}/bound{i}")
+        names.append(f"bound{i}")
+    out = _python(ceph, tmp_path / "cache", f"""
+import threading
+rbd.configure(conf={str(ceph.conf)!r}, cache_dir={str(tmp_path / 'cache')!r}, timeout={CEPH_TIMEOUT}, max_images=8)
+objects = {{name: {{bytes.fromhex(k): v for k, v in objs.items()}} for name, objs in {objects!r}.items()}}
+shards = {{name: shardfs.Shard(f"rbd:{POOL}/" + name) for name in objects}}
+most = []
+def work(t):
+    for turn in range(3):
+        for i, (name, objs) in enumerate(objects.items()):
+            if (i + t) % 2:
+                continue
+            for key, data in objs.items():
+                assert shards[name][key] == data
+            most.append(rbd.open_images())
+threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(max(most), rbd.open_images())
+""")
+    peak, after = map(int, out.stdout.split())
+    assert after == 8, out.stdout  # the 8 used last stay open
+    assert peak <= 8 + 4, out.stdout  # plus the images of reads in flight

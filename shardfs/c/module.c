@@ -167,7 +167,10 @@ static PyMethodDef module_functions[] = {
      "rbd_configure(conf=None, id=None, cache_dir=None, timeout=0, isolate=False): settings for "
      "rbd:POOL/IMAGE sources in this process (see shardfs/c/rbd.h): the ceph.conf path, the "
      "client name without 'client.', the directory of local copies, librados's op timeouts in "
-     "seconds (0: 30), and whether cluster work before the first read runs in a child process."},
+     "seconds (0: 30), whether cluster work before the first read runs in a child process, and "
+     "the images kept open at most (0: 1024; the least recently used idle one is closed)."},
+    {"rbd_open_images", (PyCFunction)rbd_open_images, METH_NOARGS,
+     "rbd_open_images() -> int: RBD images open in this process now."},
     {"rbd_list", (PyCFunction)rbd_list, METH_O,
      "rbd_list(pool) -> [str]: the names of the RBD images of `pool`. OSError (errno ENOENT: no "
      "such pool; ETIMEDOUT: the cluster did not answer) or ShardError without librbd."},

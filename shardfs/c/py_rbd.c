@@ -3,18 +3,23 @@
 #include "py_module.h"
 #include "rbd.h"
 
-/* rbd_configure(conf=None, id=None, cache_dir=None, timeout=0, isolate=False) */
+/* rbd_configure(conf=None, id=None, cache_dir=None, timeout=0, isolate=False, max_images=0) */
 PyObject *rbd_configure(PyObject *mod, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"conf", "id", "cache_dir", "timeout", "isolate", NULL};
+    static char *names[] = {"conf", "id", "cache_dir", "timeout", "isolate", "max_images", NULL};
     const char *conf = NULL, *id = NULL, *cache_dir = NULL;
     unsigned int timeout = 0;
     int isolate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzIp", names, &conf, &id, &cache_dir, &timeout,
-                                     &isolate))
+    Py_ssize_t max_images = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzIpn", names, &conf, &id, &cache_dir, &timeout,
+                                     &isolate, &max_images))
         return NULL;
+    if (max_images < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_images must be >= 0");
+        return NULL;
+    }
     sfs_error_t err;
-    if (sfs_rbd_configure(conf, id, cache_dir, timeout, isolate, &err) != SFS_OK)
+    if (sfs_rbd_configure(conf, id, cache_dir, timeout, isolate, (size_t)max_images, &err) != SFS_OK)
         return raise_error(&err);
     Py_RETURN_NONE;
 }
@@ -45,4 +50,10 @@ PyObject *rbd_list(PyObject *mod, PyObject *arg)
     }
     free(names);
     return out;
+}
+
+/* rbd_open_images() -> int */
+PyObject *rbd_open_images(PyObject *mod, PyObject *unused)
+{
+    return PyLong_FromSize_t(sfs_rbd_open_images());
 }

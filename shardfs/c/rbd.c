@@ -50,9 +50,16 @@ static int replace(char **slot, const char *value)
     return 0;
 }
 
+#ifdef SFS_HAVE_RBD
+static void set_max_images(size_t n);
+#endif
+
 int sfs_rbd_configure(const char *conf, const char *id, const char *cache_dir, unsigned timeout,
-                      int isolate, sfs_error_t *err)
+                      int isolate, size_t max_images, sfs_error_t *err)
 {
+#ifdef SFS_HAVE_RBD
+    set_max_images(max_images ? max_images : SFS_RBD_MAX_IMAGES);
+#endif
     pthread_mutex_lock(&config_lock);
     int bad = replace(&config.conf, conf) | replace(&config.id, id) |
               replace(&config.cache_dir, cache_dir);
@@ -223,6 +230,8 @@ int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_
 
 void sfs_rbd_prefetch(sfs_rbd_t *r, uint64_t off, size_t len) {}
 
+size_t sfs_rbd_open_images(void) { return 0; }
+
 const char *sfs_rbd_error(const sfs_rbd_t *r) { return MISSING; }
 
 void sfs_rbd_close(sfs_rbd_t *r) { free(r); }
@@ -351,7 +360,128 @@ struct sfs_rbd {
     pthread_mutex_t ahead_lock;
     ahead_t ahead[SFS_RBD_AHEAD];
     uint64_t ahead_clock;
+    /* the process's open images, most recently used first (handles) */
+    sfs_rbd_t *prev, *next;
+    int listed;       /* in the list (its image open) */
+    int users;        /* reads using the image now: never closed then */
+    int closing;      /* chosen to be closed (handles.max reached) */
 };
+
+/* Open images of this process, at most `max` (beyond, the least recently
+ * used one nobody reads is closed: ~330 KiB of librbd state each). All
+ * fields, and each image's pid, listed, users and closing, under `lock`. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t idle;  /* an image's users fell to 0 */
+    pid_t pid;            /* the process the list belongs to */
+    sfs_rbd_t *head, *tail;
+    size_t open, max;
+} handles = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, NULL, NULL, 0, SFS_RBD_MAX_IMAGES};
+
+static void set_max_images(size_t n)
+{
+    pthread_mutex_lock(&handles.lock);
+    handles.max = n;
+    pthread_mutex_unlock(&handles.lock);
+}
+
+size_t sfs_rbd_open_images(void)
+{
+    pthread_mutex_lock(&handles.lock);
+    size_t n = handles.pid == getpid() ? handles.open : 0;
+    pthread_mutex_unlock(&handles.lock);
+    return n;
+}
+
+/* handles.lock held: the list of this process (one from before fork() is
+ * forgotten: its images are not open here). */
+static void handles_here(void)
+{
+    pid_t self = getpid();
+    if (handles.pid == self)
+        return;
+    for (sfs_rbd_t *r = handles.head, *next; r; r = next) {
+        next = r->next;
+        r->prev = r->next = NULL;
+        r->listed = r->users = r->closing = 0;
+    }
+    handles.head = handles.tail = NULL;
+    handles.open = 0;
+    handles.pid = self;
+}
+
+static void unlink_handle(sfs_rbd_t *r)
+{
+    if (!r->listed)
+        return;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        handles.head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        handles.tail = r->prev;
+    r->prev = r->next = NULL;
+    r->listed = 0;
+    handles.open--;
+}
+
+static void push_handle(sfs_rbd_t *r)
+{
+    r->prev = NULL;
+    r->next = handles.head;
+    if (handles.head)
+        handles.head->prev = r;
+    handles.head = r;
+    if (!handles.tail)
+        handles.tail = r;
+    r->listed = 1;
+    handles.open++;
+}
+
+/* One user fewer (handles.lock held). */
+static void unuse(sfs_rbd_t *r)
+{
+    if (r->users > 0 && --r->users == 0)
+        pthread_cond_broadcast(&handles.idle);
+}
+
+static void release(sfs_rbd_t *r)
+{
+    pthread_mutex_lock(&handles.lock);
+    unuse(r);
+    pthread_mutex_unlock(&handles.lock);
+}
+
+/* Wait for r's reads ahead and free them (r->lock held). */
+static void drain_ahead(sfs_rbd_t *r)
+{
+    pthread_mutex_lock(&r->ahead_lock);
+    for (int i = 0; i < SFS_RBD_AHEAD; i++)
+        if (r->ahead[i].len) { /* librbd writes into the buffer until done */
+            rbd_aio_wait_for_complete(r->ahead[i].done);
+            rbd_aio_release(r->ahead[i].done);
+            free(r->ahead[i].buf);
+            r->ahead[i].len = 0;
+        }
+    pthread_mutex_unlock(&r->ahead_lock);
+}
+
+/* Close r's image if it was chosen to be (r->lock held). */
+static void close_if_chosen(sfs_rbd_t *r)
+{
+    pthread_mutex_lock(&handles.lock);
+    int chosen = r->closing && r->pid == handles.pid;
+    r->closing = 0;
+    if (chosen)
+        r->pid = 0;
+    pthread_mutex_unlock(&handles.lock);
+    if (chosen) {
+        drain_ahead(r);
+        rbd_close(r->img);
+    }
+}
 
 int sfs_rbd_new(const char *pool, const char *image, const uint8_t *expect, size_t expect_len,
                 sfs_rbd_t **out, sfs_error_t *err)
@@ -377,10 +507,17 @@ int sfs_rbd_new(const char *pool, const char *image, const uint8_t *expect, size
 static int open_image(sfs_rbd_t *r, sfs_error_t *err)
 {
     pid_t self = getpid();
-    if (r->pid == self)
+    close_if_chosen(r);
+    pthread_mutex_lock(&handles.lock);
+    handles_here();
+    int here = r->pid == self;
+    if (!here && r->pid) { /* a handle from before fork() is not used (nor closed) */
+        r->pid = 0;
+        memset(r->ahead, 0, sizeof(r->ahead)); /* nor its reads ahead (buffers leaked) */
+    }
+    pthread_mutex_unlock(&handles.lock);
+    if (here)
         return SFS_OK;
-    r->pid = 0; /* a handle from before fork() is not used (nor closed) */
-    memset(r->ahead, 0, sizeof(r->ahead)); /* nor its reads ahead (buffers leaked) */
     rados_ioctx_t io;
     pthread_mutex_lock(&client_lock);
     int rc = pool_io(r->pool, &io, err);
@@ -417,7 +554,9 @@ static int open_image(sfs_rbd_t *r, sfs_error_t *err)
     r->img = img;
     r->size = size;
     r->error[0] = 0;
-    __atomic_store_n(&r->pid, self, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&handles.lock);
+    r->pid = self;
+    pthread_mutex_unlock(&handles.lock);
     return SFS_OK;
 }
 
@@ -431,20 +570,61 @@ int sfs_rbd_connect(sfs_rbd_t *r, uint64_t *size, sfs_error_t *err)
     return rc;
 }
 
-/* The image opened in this process, or NULL (errno-like code in *e). */
+static void prefetch_in(sfs_rbd_t *r, rbd_image_t img, uint64_t off, size_t len);
+
+/* Images chosen to be closed by one ready() at most. */
+#define CLOSE_BATCH 8
+
+/* The image opened in this process and in use by the caller (release()
+ * it), or NULL (errno-like code in *e). Opening one beyond handles.max
+ * closes the least recently used ones nobody reads. */
 static rbd_image_t ready(sfs_rbd_t *r, int *e)
 {
-    if (__atomic_load_n(&r->pid, __ATOMIC_ACQUIRE) == getpid())
+    pthread_mutex_lock(&handles.lock);
+    handles_here();
+    if (r->pid == handles.pid && r->listed && !r->closing) {
+        r->users++;
+        if (handles.head != r) { /* most recently used first */
+            unlink_handle(r);
+            push_handle(r);
+        }
+        pthread_mutex_unlock(&handles.lock);
         return r->img;
+    }
+    pthread_mutex_unlock(&handles.lock);
     pthread_mutex_lock(&r->lock);
     sfs_error_t err;
     int rc = open_image(r, &err);
+    sfs_rbd_t *victims[CLOSE_BATCH];
+    size_t nv = 0;
+    rbd_image_t img = NULL;
     if (rc != SFS_OK) {
         snprintf(r->error, sizeof(r->error), "%s", err.message);
         *e = err.sys_errno ? err.sys_errno : EIO;
+    } else {
+        img = r->img;
+        pthread_mutex_lock(&handles.lock);
+        r->users++;
+        if (!r->listed)
+            push_handle(r);
+        size_t excess = handles.open > handles.max ? handles.open - handles.max : 0;
+        for (sfs_rbd_t *v = handles.tail; v && nv < excess && nv < CLOSE_BATCH; v = v->prev)
+            if (v != r && !v->users && !v->closing) {
+                v->closing = 1;
+                v->users++; /* held until closed: sfs_rbd_close waits */
+                victims[nv++] = v;
+            }
+        for (size_t i = 0; i < nv; i++)
+            unlink_handle(victims[i]);
+        pthread_mutex_unlock(&handles.lock);
     }
-    rbd_image_t img = rc == SFS_OK ? r->img : NULL;
     pthread_mutex_unlock(&r->lock);
+    for (size_t i = 0; i < nv; i++) {
+        pthread_mutex_lock(&victims[i]->lock);
+        close_if_chosen(victims[i]);
+        pthread_mutex_unlock(&victims[i]->lock);
+        release(victims[i]);
+    }
     return img;
 }
 
@@ -452,8 +632,16 @@ void sfs_rbd_prefetch(sfs_rbd_t *r, uint64_t off, size_t len)
 {
     int e;
     rbd_image_t img = ready(r, &e);
-    if (!img || !len || off >= r->size)
+    if (!img)
         return;
+    if (len && off < r->size)
+        prefetch_in(r, img, off, len);
+    release(r);
+}
+
+/* sfs_rbd_prefetch on the image `img` in use. */
+static void prefetch_in(sfs_rbd_t *r, rbd_image_t img, uint64_t off, size_t len)
+{
     if (len > SFS_RBD_AHEAD_MAX)
         len = SFS_RBD_AHEAD_MAX;
     if (len > r->size - off)
@@ -529,12 +717,9 @@ static int take_ahead(sfs_rbd_t *r, void *buf, size_t len, uint64_t off, int64_t
     return 1;
 }
 
-int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off)
+/* sfs_rbd_pread on the image `img` in use. */
+static int64_t pread_in(sfs_rbd_t *r, rbd_image_t img, void *buf, size_t len, uint64_t off)
 {
-    int e = EIO;
-    rbd_image_t img = ready(r, &e);
-    if (!img)
-        return -e;
     if (off >= r->size) /* librbd refuses reads past the end (EINVAL) */
         return 0;
     if (len > r->size - off)
@@ -554,6 +739,17 @@ int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off)
     return (int64_t)done;
 }
 
+int64_t sfs_rbd_pread(sfs_rbd_t *r, void *buf, size_t len, uint64_t off)
+{
+    int e = EIO;
+    rbd_image_t img = ready(r, &e);
+    if (!img)
+        return -e;
+    int64_t got = pread_in(r, img, buf, len, off);
+    release(r);
+    return got;
+}
+
 int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_t *lens,
                        void *const *bufs, int64_t *results)
 {
@@ -562,8 +758,10 @@ int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_
     if (!img)
         return -e;
     rbd_completion_t *c = calloc(n ? n : 1, sizeof(*c));
-    if (!c)
+    if (!c) {
+        release(r);
         return -ENOMEM;
+    }
     for (size_t i = 0; i < n; i++) {
         results[i] = -EIO;
         if (offs[i] > r->size || lens[i] > r->size - offs[i]) {
@@ -590,6 +788,7 @@ int sfs_rbd_pread_many(sfs_rbd_t *r, size_t n, const uint64_t *offs, const size_
         rbd_aio_release(c[i]);
     }
     free(c);
+    release(r);
     return 0;
 }
 
@@ -599,13 +798,16 @@ void sfs_rbd_close(sfs_rbd_t *r)
 {
     if (!r)
         return;
-    if (r->pid == getpid()) {
-        for (int i = 0; i < SFS_RBD_AHEAD; i++)
-            if (r->ahead[i].len) { /* librbd writes into the buffer until done */
-                rbd_aio_wait_for_complete(r->ahead[i].done);
-                rbd_aio_release(r->ahead[i].done);
-                free(r->ahead[i].buf);
-            }
+    pthread_mutex_lock(&handles.lock);
+    handles_here();
+    while (r->users) /* an image being closed by another thread's ready() */
+        pthread_cond_wait(&handles.idle, &handles.lock);
+    unlink_handle(r);
+    int open_here = r->pid == handles.pid;
+    r->pid = 0;
+    pthread_mutex_unlock(&handles.lock);
+    if (open_here) {
+        drain_ahead(r);
         rbd_close(r->img);
     }
     pthread_mutex_destroy(&r->lock);

@@ -59,9 +59,19 @@ int sfs_rbd_built(void);
  * search, $CEPH_CONF then /etc/ceph/ceph.conf), `id` the client name without
  * "client." (NULL: "admin"), `cache_dir` where local copies live (must be
  * set before sfs_open of an rbd: source), `timeout` in seconds (0: the
- * default, 30), `isolate` as described above. SFS_OK or SFS_ENOMEM. */
+ * default, 30), `isolate` as described above, `max_images` (0: the
+ * default) below. SFS_OK or SFS_ENOMEM. */
 int sfs_rbd_configure(const char *conf, const char *id, const char *cache_dir,
-                      unsigned timeout, int isolate, sfs_error_t *err);
+                      unsigned timeout, int isolate, size_t max_images, sfs_error_t *err);
+
+/* Images a process keeps open at most (sfs_rbd_configure's max_images,
+ * 0: this): opening one more closes the least recently used one that no
+ * read is using (each costs ~330 KiB of librbd state; reopening one costs
+ * an rbd_open, a few ms, and a read of its header). */
+#define SFS_RBD_MAX_IMAGES 1024
+
+/* Images open in this process now. */
+size_t sfs_rbd_open_images(void);
 
 /* The cache directory set by sfs_rbd_configure, or NULL. */
 const char *sfs_rbd_cache_dir(void);

@@ -12,6 +12,7 @@
 #include "chd.h"
 #include "guard.h"
 #include "shard.h"
+#include "rbd.h"
 
 #include <cmph.h>
 #include <errno.h>
@@ -802,6 +803,38 @@ static void test_add_files(void)
         free(paths[i]);
 }
 
+/* rbd: sources in a build without librbd (this test's: no SFS_HAVE_RBD):
+ * malformed sources are refused first, then any well-formed one fails with
+ * one line naming the package to install; nothing is opened. */
+static void test_rbd_sources_without_librbd(void)
+{
+    char pool[SFS_RBD_NAME_MAX], image[SFS_RBD_NAME_MAX];
+    sfs_error_t err;
+    CHECK(sfs_rbd_parse("rbd:shards/a-b", pool, image, &err) == SFS_OK && !strcmp(pool, "shards") &&
+              !strcmp(image, "a-b"), "parse rbd:shards/a-b");
+    const char *bad[] = {"rbd:", "rbd:pool", "rbd:/image", "rbd:pool/", "rbd:pool/a/b", "rbd:pool/a@snap",
+                         "file.shard"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        sfs_shard_t *s = (sfs_shard_t *)1;
+        int rc = sfs_open(bad[i], 0, &s, &err);
+        if (!sfs_is_rbd_source(bad[i]))
+            rc = sfs_rbd_parse(bad[i], pool, image, &err);
+        CHECK(rc == SFS_EINVAL && strstr(err.message, "rbd:POOL/IMAGE"), "%s: %d %s", bad[i], rc, err.message);
+    }
+    CHECK(sfs_rbd_built() == 0, "this test is built without librbd");
+    sfs_shard_t *s = (sfs_shard_t *)1;
+    int rc = sfs_open("rbd:shards/image", 0, &s, &err);
+    CHECK(rc == SFS_EINVAL && s == NULL && strstr(err.message, "rbd:shards/image") &&
+              strstr(err.message, "librbd-dev") && !strchr(err.message, '\n'),
+          "%d %s", rc, err.message);
+    rc = sfs_open("rbd:shards/image", 1, &s, &err);
+    CHECK(rc == SFS_EINVAL && strstr(err.message, "read-only"), "writable: %d %s", rc, err.message);
+    char *names = NULL;
+    size_t size = 1;
+    CHECK(sfs_rbd_list("shards", &names, &size, &err) == SFS_EINVAL && !names && !size &&
+              strstr(err.message, "librbd-dev"), "list: %s", err.message);
+}
+
 int main(void)
 {
     if (make_test_dir("shardfs-ctest") != 0)
@@ -819,6 +852,7 @@ int main(void)
     test_bad_files();
     test_bad_displacement();
     test_add_files();
+    test_rbd_sources_without_librbd();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0)

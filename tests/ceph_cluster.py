@@ -75,7 +75,12 @@ class CephCluster:
 
     @property
     def env(self) -> Dict[str, str]:
-        return dict(os.environ, CEPH_CONF=str(self.conf))
+        """The environment of the daemons and tools: CEPH_CONF, and no
+        LD_PRELOAD (the sanitizer runtime the ASan run preloads into the
+        test's Python is not the daemons')."""
+        env = dict(os.environ, CEPH_CONF=str(self.conf))
+        env.pop("LD_PRELOAD", None)
+        return env
 
     def run(self, *argv: str, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> subprocess.CompletedProcess:
         """A ceph tool (`argv`) against this cluster, under a timeout."""
@@ -115,6 +120,11 @@ mon_warn_on_pool_no_redundancy = false
 ms_bind_port_min = {p + 1}
 ms_bind_port_max = {p + 40}
 osd_pool_default_pg_autoscale_mode = off
+# A PG's read lease lasts 0.8 x this: an OSD stopped longer than the lease
+# (SIGSTOP in the fault tests) finds its PGs laggy when it resumes, and with
+# no peer to renew the lease (one OSD) reads queued then wait "for readable"
+# for ever. Longer than any pause of the tests.
+osd_heartbeat_grace = 600
 
 [mon]
 mon_data = {d}/mon/$id

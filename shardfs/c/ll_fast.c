@@ -800,7 +800,11 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
     sfs_shard_t *shard = fast_resolve(s->fast, ino, &open, &rc, &off, &size);
     if (!shard)
         return -1;
-    int stored = rc == SFS_OK ? push(s, shard, ino, off, size < want ? size : want) : -1;
+    /* Not for an object in an RBD image: this ioctl comes at every open by
+     * CPython, cached or not, and a push reads the object again from the
+     * cluster; its READ, if its pages are not cached, takes the read the
+     * LOOKUP started (rbd.h). */
+    int stored = rc == SFS_OK && !sfs_is_rbd(shard) ? push(s, shard, ino, off, size < want ? size : want) : -1;
     busy_add(open, -1);
     return stored;
 }

@@ -108,3 +108,6 @@ def pool_sources(pool: str) -> List[str]:
 #: Seconds between two listings of a mount's shard pool (``--shard-dir
 #: rbd:POOL``): a new image is served within this bound plus its copy.
 POLL_SECONDS = 2.0
+#: Seconds before a pool is listed again after a listing failed (the
+#: cluster did not answer within the timeout, or refused).
+POLL_FAILED_SECONDS = 30.0

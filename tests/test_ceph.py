@@ -341,13 +341,18 @@ def test_a_mount_serves_rbd_images_and_survives_a_stopped_cluster(ceph, tmp_path
     # 5 objects with no page cached (reads in slot order push the next
     # slots' objects ahead: their pages are dropped here)
     cold, later = keys[20:25], keys[25:]
-    for key in cold:
-        fd = os.open(point / key, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        assert _resident_pages(point / key) == 0
+
+    def dropped() -> bool:
+        for key in cold:
+            fd = os.open(point / key, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        time.sleep(0.2)  # a push ahead still in flight would fill them again
+        return all(_resident_pages(point / key) == 0 for key in cold)
+
+    assert wait_until(dropped, timeout=30)
     with ceph.paused("osd"):
         for key in cached:
             assert hashlib.sha256((point / key).read_bytes()).hexdigest() == key

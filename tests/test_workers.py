@@ -684,7 +684,9 @@ def test_pushes_the_kernel_refuses_are_counted(mounter, tmp_path):
         assert _read_with_syscalls(point / name) == objects[name]
     after = stats(point)
     assert after["push_refused"] > 0, after
-    assert _grown(before, requests(point)).get("read", 0) >= after["push_refused"]
+    # every object not pushed was READ (an object may be refused by several
+    # pushes ahead: the refusals can outnumber the objects)
+    assert _grown(before, requests(point)).get("read", 0) >= len(names) - after["pushed"], after
 
 
 def test_no_open_mode_after_the_first_open(mixed, mounter, tmp_path):

@@ -670,6 +670,8 @@ class Coordinator:
         except OSError as exc:
             log.warning("cannot rescan %s: %s", self.shards.shard_dir, exc)
             added, gone = [], []
+            if self._polls_pool:  # the cluster is away: a listing waits for the timeout, not every poll
+                self._poll_at = time.monotonic() + rbd.POLL_FAILED_SECONDS
         if added or gone:
             log.info("rescan of %s: %d shard(s) added, %d removed",
                      self.shards.shard_dir or "the shards named at mount", len(added), len(gone))

@@ -120,10 +120,10 @@ mon_warn_on_pool_no_redundancy = false
 ms_bind_port_min = {p + 1}
 ms_bind_port_max = {p + 40}
 osd_pool_default_pg_autoscale_mode = off
-# A PG's read lease lasts 0.8 x this: an OSD stopped longer than the lease
-# (SIGSTOP in the fault tests) finds its PGs laggy when it resumes, and with
-# no peer to renew the lease (one OSD) reads queued then wait "for readable"
-# for ever. Longer than any pause of the tests.
+# A PG's read lease is derived from this (0.8 x it): after a stop of the OSD
+# (SIGSTOP in the fault tests) with reads arriving meanwhile, its PGs were
+# found laggy when it resumed, and with no peer to renew the lease (one OSD)
+# the queued reads waited "for readable" for ever. At 600 s they do not.
 osd_heartbeat_grace = 600
 
 [mon]

@@ -24,10 +24,11 @@ cflags = pkg_config("--cflags-only-I", "cmph", []) + pkg_config("--cflags-only-I
 libs = (pkg_config("--libs", "cmph", ["-lcmph"]) + pkg_config("--libs", "libcrypto", ["-lcrypto"])
         + pkg_config("--libs", "fuse3", ["-lfuse3"]) + ["-lpthread"])
 
-# librbd is optional: with it, rbd:POOL/IMAGE sources (shardfs/c/rbd.h).
+# librbd is optional: with its headers, rbd:POOL/IMAGE sources (shardfs/c/rbd.h);
+# librados and librbd themselves are loaded (dlopen) at the first such source.
 rbd = any(os.path.exists(os.path.join(d, "rbd/librbd.h")) for d in ("/usr/include", "/usr/local/include"))
 if rbd:
-    libs += ["-lrbd", "-lrados"]
+    libs += ["-ldl"]
 
 extension = Extension(
     "shardfs._shardfs",

@@ -26,13 +26,12 @@ mount ≥ 0.9× a local shard's.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
-import subprocess
 import sys
-import time
 
 import harness as H
 import shardfs
@@ -77,17 +76,13 @@ def main() -> None:
         f.write("\n".join(keys) + "\n")
     cluster = CephCluster(WORK).start()
     fuse_dir = os.path.join(WORK, "rbd-fuse")
-    fuse = None
+    fuse = contextlib.ExitStack()
     targets = []
     try:
         cluster.rbd("import", ds.shard, f"{POOL}/{IMAGE}")
         conf = str(cluster.conf)
         os.makedirs(fuse_dir)
-        fuse = subprocess.Popen(["rbd-fuse", "-f", "-p", POOL, fuse_dir, "-o", "ro"], env=cluster.env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not os.path.exists(os.path.join(fuse_dir, IMAGE)) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        fuse.enter_context(cluster.rbd_fuse(fuse_dir, wait_for=IMAGE))
         cache = os.path.join(WORK, "cache")
         sources = {"local": ds.shard, "rbd": f"rbd:{POOL}/{IMAGE}", "rbd-fuse": os.path.join(fuse_dir, IMAGE)}
         labels = {"local": "local file", "rbd": "rbd: (librbd)", "rbd-fuse": "rbd-fuse image file"}
@@ -170,13 +165,7 @@ def main() -> None:
     finally:
         for t in targets:
             t.umount()
-        if fuse is not None:
-            subprocess.run(["fusermount3", "-u", "-z", fuse_dir], capture_output=True)
-            fuse.terminate()
-            try:
-                fuse.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                fuse.kill()
+        fuse.close()
         cluster.stop()
 
     floor_us = res.value("floor", "librbd")

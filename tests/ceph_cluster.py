@@ -200,6 +200,32 @@ admin_socket =
         finally:
             proc.send_signal(signal.SIGCONT)
 
+    @contextlib.contextmanager
+    def rbd_fuse(self, point: Path, read_only: bool = True, wait_for: str = ""):
+        """The pool's images as files under `point` (rbd-fuse, in the
+        foreground as a child), once mounted (and image `wait_for` listed);
+        unmounted and stopped after the block."""
+        argv = ["rbd-fuse", "-f", "-p", POOL, str(point)] + (["-o", "ro"] if read_only else [])
+        proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + COMMAND_TIMEOUT
+            while not (os.path.ismount(point) and (not wait_for or os.path.exists(Path(point) / wait_for))):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"rbd-fuse exited: {proc.stderr.read()[-500:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rbd-fuse did not mount {point} within {COMMAND_TIMEOUT} s")
+                time.sleep(0.05)
+            yield Path(point)
+        finally:
+            subprocess.run(["fusermount3", "-u", "-z", str(point)], capture_output=True)
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def tail(self, name: str) -> str:
         try:
             return (self.dir / "log" / f"{name}.out").read_text()[-800:]

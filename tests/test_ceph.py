@@ -38,20 +38,8 @@ def rbd_fuse(ceph, tmp_path):
     """The pool's images as files under a rbd-fuse mount (read-only)."""
     point = tmp_path / "rbd"
     point.mkdir()
-    proc = subprocess.Popen(["rbd-fuse", "-f", "-p", POOL, str(point), "-o", "ro"], env=ceph.env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_until(lambda: mounted(point) or proc.poll() is not None, timeout=30)
-        assert proc.poll() is None, proc.stderr.read()
-        yield point
-    finally:
-        subprocess.run(["fusermount3", "-u", "-z", str(point)], capture_output=True)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with ceph.rbd_fuse(point) as images:
+        yield images
 
 
 def _files() -> dict:
@@ -262,15 +250,8 @@ def test_a_shard_with_deletes_written_through_librbd(ceph, tmp_path):
     ceph.rbd("create", "--size", str(os.path.getsize(shard) // (1 << 20) + 4) + "M", f"{POOL}/{image}")
     point = tmp_path / "rw"
     point.mkdir()
-    proc = subprocess.Popen(["rbd-fuse", "-f", "-p", POOL, str(point)], env=ceph.env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert wait_until(lambda: (point / image).exists(), timeout=30)
+    with ceph.rbd_fuse(point, read_only=False, wait_for=image):
         run(["dd", f"if={shard}", f"of={point / image}", "bs=1M", "conv=notrunc,fsync", "status=none"], check=True)
-    finally:
-        subprocess.run(["fusermount3", "-u", "-z", str(point)], capture_output=True)
-        proc.terminate()
-        proc.wait(timeout=30)
     _python(ceph, tmp_path / "cache", f"""
 s = shardfs.Shard("rbd:{POOL}/{image}")
 files = {files!r}

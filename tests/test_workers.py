@@ -27,9 +27,11 @@ from pathlib import Path
 import pytest
 from mounting import (
     SHARDFS,
+    bash,
     build_shard,
     daemon_pids,
     default_workers,
+    force_unmount,
     gone,
     key_of,
     make_blobs,
@@ -884,3 +886,82 @@ def test_takedown_listener_refuses_bad_requests_and_other_users(mounter, tmp_pat
     assert _ask(point, elsewhere) == {"shards": 0, "invalidated": 0}
     assert _ask(point, request)["shards"] == 1  # the object is live: its cache is dropped, nothing more
     assert (point / key).read_bytes() == objects[key]
+
+
+def _holds(pids: list, path: str) -> list:
+    """The processes among `pids` whose descriptors or mappings still reach
+    the file `path` (unlinked: the kernel shows it "(deleted)")."""
+    holders = []
+    for pid in pids:
+        try:
+            fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if any(t.startswith(path) for t in fds) or path in maps:
+            holders.append(pid)
+    return holders
+
+
+def test_a_removed_shard_is_let_go_under_c_only_traffic(mounter, tmp_path):
+    """A shard removed from a shard directory is unmapped and closed by
+    every process of the mount within the live bound (5 s), and its disk
+    space comes back, while the only traffic is answered in C (lookups of
+    absent names and cold reads of another shard, from 4 threads): the last
+    request that used the snapshot holding it lets it go, whatever follows.
+    The directory is a tmpfs of its own, so its free space is exact."""
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    bash(f"mount -t tmpfs -o size=256m shardfs-test {shard_dir}")
+    try:
+        a = build_shard(shard_dir / "a.shard", make_blobs(71, 20000, 1, 2000))
+        b = build_shard(shard_dir / "b.shard", [i.to_bytes(4, "big") + os.urandom(1 << 20) for i in range(48)])
+        point = mounter.mount([], tmp_path / "m", "--shard-dir", str(shard_dir), "-o", "workers=2")
+        assert wait_until(lambda: stats(point)["sidecars"] == 2, timeout=30)
+        for key in b:  # every worker opens b (a lookup answered in C needs it open)
+            for _ in range(4):
+                os.stat(point / key)
+        keys = list(a)
+        stop = threading.Event()
+        errors: list = []
+
+        def traffic(i: int) -> None:
+            rng = random.Random(i)
+            k = i
+            while not stop.is_set():
+                try:
+                    os.stat(point / os.urandom(32).hex())
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    errors.append(exc)
+                if k < len(keys):
+                    with open(point / keys[k], "rb", buffering=0) as f:
+                        if f.read() != a[keys[k]]:
+                            errors.append(f"{keys[k]}: wrong bytes")
+                    k += 4
+                rng.random()
+
+        threads = [threading.Thread(target=traffic, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1)
+        free_with_b = os.statvfs(shard_dir).f_bfree
+        path_b = str(shard_dir / "b.shard")
+        assert _holds(mount_processes(point), path_b), "no process of the mount held b"
+        os.unlink(path_b)
+
+        def space_back() -> bool:
+            return (os.statvfs(shard_dir).f_bfree - free_with_b) * os.statvfs(shard_dir).f_frsize >= 40 << 20
+
+        freed = wait_until(lambda: not _holds(mount_processes(point), path_b) and space_back(), timeout=5)
+        holders = _holds(mount_processes(point), path_b)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        assert freed, f"after 5 s, processes {holders} still hold the removed shard, or its space is not back"
+    finally:
+        force_unmount(tmp_path / "m")
+        bash(f"umount -l {shard_dir}")

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 struct sfs_gindex {
+    int refs;                /* holders beyond the first (internal.h) */
     /* hot: read by every lookup */
     const uint64_t *dir;     /* 2^b + 1 values, little-endian */
     const uint8_t *entries;  /* n entries of w bytes, little-endian */
@@ -889,9 +890,15 @@ fail:
     return rc;
 }
 
+sfs_gindex_t *sfs_gindex_ref(sfs_gindex_t *g)
+{
+    sfs_ref_take(&g->refs);
+    return g;
+}
+
 void sfs_gindex_close(sfs_gindex_t *g)
 {
-    if (!g)
+    if (!g || !sfs_ref_drop(&g->refs))
         return;
     munmap(g->map, g->map_size);
     close(g->fd);

@@ -170,8 +170,12 @@ int sfs_gindex_merge(const char *path, sfs_gindex_t *const *levels, size_t nleve
  * SFS_ENOMEM. */
 int sfs_gindex_open(const char *path, sfs_gindex_t **out, sfs_error_t *err);
 
-/* Unmap, close and free. NULL is accepted. */
+/* Let go: unmapped, closed and freed when no other holder
+ * (sfs_gindex_ref) remains. NULL is accepted. */
 void sfs_gindex_close(sfs_gindex_t *g);
+/* One more holder, let go by its own sfs_gindex_close(). Thread-safe.
+ * Returns `g`. */
+sfs_gindex_t *sfs_gindex_ref(sfs_gindex_t *g);
 
 uint64_t sfs_gindex_count(const sfs_gindex_t *g);       /* entries n */
 uint64_t sfs_gindex_shard_count(const sfs_gindex_t *g); /* shard table entries s */

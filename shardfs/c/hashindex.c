@@ -25,6 +25,7 @@
 #define BUILD_THREADS 8             /* most threads hashing a shard */
 
 struct sfs_hashindex {
+    int refs; /* holders beyond the first (internal.h) */
     uint8_t *map;
     size_t map_size;
     const uint8_t *dir; /* u32[2^b + 1] */
@@ -567,9 +568,15 @@ fail:
     return rc;
 }
 
+sfs_hashindex_t *sfs_hashindex_ref(sfs_hashindex_t *hx)
+{
+    sfs_ref_take(&hx->refs);
+    return hx;
+}
+
 void sfs_hashindex_close(sfs_hashindex_t *hx)
 {
-    if (hx) {
+    if (hx && sfs_ref_drop(&hx->refs)) {
         munmap(hx->map, hx->map_size);
         free(hx);
     }

@@ -93,7 +93,12 @@ int sfs_hashindex_write(const char *path, int kind, const uint8_t identity[SFS_H
  * every lookup clamps it. */
 int sfs_hashindex_open(const char *path, const uint8_t identity[SFS_HX_IDENTITY_SIZE],
                        uint64_t slot_count, sfs_hashindex_t **out, sfs_error_t *err);
+/* Let go: unmapped and freed when no other holder (sfs_hashindex_ref)
+ * remains. NULL is accepted. */
 void sfs_hashindex_close(sfs_hashindex_t *hx);
+/* One more holder, let go by its own sfs_hashindex_close(). Thread-safe.
+ * Returns `hx`. */
+sfs_hashindex_t *sfs_hashindex_ref(sfs_hashindex_t *hx);
 int sfs_hashindex_kind(const sfs_hashindex_t *hx);
 uint64_t sfs_hashindex_count(const sfs_hashindex_t *hx);
 

@@ -64,6 +64,24 @@ int sfs_fail(sfs_error_t *err, int status, int sys_errno, const char *fmt, ...)
  * set for a block device. SFS_EINVAL for any other kind of file. */
 int sfs_fd_size(int fd, const char *path, uint64_t *size, int *is_blk, sfs_error_t *err);
 
+/* The reference count of an open object of the core (a shard, a sidecar,
+ * a global index level, a hash index): `extra` counts the holders beyond
+ * the one that opened it (0 after open, the struct being calloc'ed). Each
+ * sfs_*_ref() adds a holder; each sfs_*_close() lets one go and frees the
+ * object when it was the last. Atomic: a mount's request path (ll.h) lets
+ * go of what an old snapshot held on whichever thread ends its last
+ * request. */
+static inline void sfs_ref_take(int *extra)
+{
+    __atomic_add_fetch(extra, 1, __ATOMIC_RELAXED);
+}
+
+/* Let one holder go: 1 when it was the last (free the object now). */
+static inline int sfs_ref_drop(int *extra)
+{
+    return __atomic_fetch_sub(extra, 1, __ATOMIC_ACQ_REL) == 0;
+}
+
 /* Read exactly `len` bytes at `offset`, retrying on EINTR and short reads.
  * 0; SFS_PREAD_SHORT (errno EIO) when the file ends first (it shrank);
  * -1 with errno set when a read fails (EIO there is the device's error). */

@@ -49,17 +49,25 @@ static int hexval(char ch)
     return -1;
 }
 
+int sfs_ll_parse_hex(const char *hex, size_t ndigits, uint8_t *out)
+{
+    for (size_t i = 0; i + 2 <= ndigits; i += 2) {
+        int hi = hexval(hex[i]);
+        int lo = hi < 0 ? -1 : hexval(hex[i + 1]); /* never past a NUL */
+        if (lo < 0)
+            return -1;
+        out[i / 2] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
 int sfs_ll_object_name(const sfs_ll_layout_t *l, int depth, uint64_t prefix, const char *name,
                        uint8_t key[SFS_KEY_SIZE])
 {
     if (strnlen(name, SFS_LL_NAME_SIZE + 1) != SFS_LL_NAME_SIZE)
         return -1;
-    for (int i = 0; i < SFS_KEY_SIZE; i++) {
-        int hi = hexval(name[2 * i]), lo = hexval(name[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return 0;
-        key[i] = (uint8_t)(hi << 4 | lo);
-    }
+    if (sfs_ll_parse_hex(name, SFS_LL_NAME_SIZE, key) < 0)
+        return 0;
     if (depth == 0)
         return 1;
     if (depth != l->depth)

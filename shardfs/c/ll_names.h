@@ -25,6 +25,10 @@
 #define SFS_LL_DB_INODE_FLAG (UINT64_C(1) << 62)
 /* Bytes of an object's name: its key in lowercase hex. */
 #define SFS_LL_NAME_SIZE (2 * SFS_KEY_SIZE)
+/* A content SWHID, the name of an object by its sha1_git in the root:
+ * this prefix, then 40 lowercase hex digits (swh.model's CoreSWHID). */
+#define SFS_LL_SWHID_PREFIX "swh:1:cnt:"
+#define SFS_LL_SWHID_PREFIX_LEN 10
 
 typedef struct {
     int depth;                          /* fan-out levels below the root (0: flat) */
@@ -51,6 +55,17 @@ int sfs_ll_split_dir(const sfs_ll_layout_t *l, uint64_t ino, uint64_t *prefix);
  *      caller decides. */
 int sfs_ll_object_name(const sfs_ll_layout_t *l, int depth, uint64_t prefix, const char *name,
                        uint8_t key[SFS_KEY_SIZE]);
+
+/* Parse `ndigits` (even) lowercase hex digits at `hex` into ndigits / 2
+ * bytes at out: 0, or -1 at the first character that is not one (out is
+ * then partly written). */
+int sfs_ll_parse_hex(const char *hex, size_t ndigits, uint8_t *out);
+
+/* The inode of slot `slot` of shard `number`: (number + 1) << 32 | slot. */
+static inline uint64_t sfs_ll_object_ino(uint32_t number, uint32_t slot)
+{
+    return ((uint64_t)number + 1) << SFS_LL_OBJECT_SHIFT | slot;
+}
 
 /* The shard number and slot of an object inode: 1, or 0 when `ino` names
  * no object in a shard (a directory, a database object). */

@@ -21,7 +21,7 @@
 
 PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError;
 
-pthread_rwlock_t sfs_table_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+uint64_t sfs_table_generation;
 
 /* The helpers py_module.h declares for every type's file. */
 

@@ -41,11 +41,10 @@ static int GlobalIndex_init(GlobalIndex *self, PyObject *args, PyObject *kwds)
         raise_gindex_error(&err);
         return -1;
     }
-    table_write_lock(); /* the request path may be reading the old one */
+    table_changed(); /* the next request snapshot takes the new level */
     sfs_gindex_t *was = self->g;
     self->g = g;
     self->closed = 0;
-    table_write_unlock();
     sfs_gindex_close(was);
     return 0;
 }
@@ -60,10 +59,9 @@ static PyObject *GlobalIndex_close(GlobalIndex *self, PyObject *unused)
 {
     self->closed = 1;
     if (self->users == 0) {
-        table_write_lock(); /* the request path may be reading it */
+        table_changed(); /* snapshots hold their own reference */
         sfs_gindex_t *was = self->g;
         self->g = NULL;
-        table_write_unlock();
         sfs_gindex_close(was);
     }
     Py_RETURN_NONE;

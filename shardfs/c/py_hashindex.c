@@ -84,9 +84,8 @@ static int hx_ready(HashIndex *self)
 static PyObject *HashIndex_close(HashIndex *self, PyObject *unused)
 {
     sfs_hashindex_t *hx = self->hx;
-    table_write_lock(); /* no request reads it any more (ll_fast.c) */
+    table_changed(); /* snapshots hold their own reference (ll_snapshot.h) */
     self->hx = NULL;
-    table_write_unlock();
     sfs_hashindex_close(hx);
     Py_RETURN_NONE;
 }

@@ -35,26 +35,17 @@
 /* The exception classes of shardfs.errors (module.c, set at import). */
 extern PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError;
 
-/* The table lock of a process that serves a mount (ll.h). The request path
- * reads, without the GIL, the open shards (OpenShards), the filters
- * (SidecarSet) and the global index levels (GlobalIndex) that its Python
- * handlers change under the GIL: a request holds this lock for reading
- * while it takes its pointers; the methods that change what those pointers
- * reach (OpenShards.set/clear, SidecarSet.set/remove and its packing,
- * GlobalIndex.close/reopen) hold it for writing around the change only, and
- * never run Python code or deallocate while holding it (a dealloc may take
- * it again). Writers first: a change is not starved by a stream of
- * requests. Outside a mount nobody reads it: a writer takes it at once. */
-extern pthread_rwlock_t sfs_table_lock;
+/* Counts the changes of what a mount's request snapshot is built from
+ * (ll_snapshot.h): the open shards (OpenShards.set/clear), the filters
+ * (SidecarSet.set/remove), the global index levels (GlobalIndex.reopen/
+ * close) and the hash indexes (HashIndex.close) each call table_changed();
+ * the session builds a new snapshot after a handler when it moved. Under
+ * the GIL. */
+extern uint64_t sfs_table_generation;
 
-static inline void table_write_lock(void)
+static inline void table_changed(void)
 {
-    pthread_rwlock_wrlock(&sfs_table_lock);
-}
-
-static inline void table_write_unlock(void)
-{
-    pthread_rwlock_unlock(&sfs_table_lock);
+    sfs_table_generation++;
 }
 
 extern PyTypeObject ReaderType, WriterType, SidecarType, SidecarSetType, GlobalIndexType,
@@ -117,8 +108,8 @@ int grow_dense(void **items, size_t item_size, unsigned char **bytes, Py_ssize_t
 
 /* ---------------------------------------------------------------- HashIndex (py_hashindex.c) */
 
-/* An open hash index; the request path (ll_fast.c) reads `hx` under the
- * table read lock, and close() unmaps it under the write lock. */
+/* An open hash index; a request snapshot holds `hx` by a reference of its
+ * own (ll_snapshot.h), so close() lets this object's reference go. */
 typedef struct {
     PyObject_HEAD
     sfs_hashindex_t *hx;
@@ -212,8 +203,9 @@ static inline int gindex_ready(GlobalIndex *self)
  * by number, grown on demand up to OPEN_SHARDS_MAX_NUMBER (a number beyond
  * is never held: find reports it as not open). `used` marks the entries
  * find probed since `touched` last asked (the caller's recency order: a
- * second chance for the least recently used). Changed under the GIL only;
- * the request path (ll_fast.c) reads it without, under its table lock. */
+ * second chance for the least recently used). Under the GIL only: the
+ * request path reads a snapshot of it (ll_snapshot.h), whose marks of use
+ * the session folds back into `used` (ll_fast_refresh). */
 #define OPEN_SHARDS_MAX_NUMBER (1 << 24)
 
 typedef struct {
@@ -228,17 +220,7 @@ typedef struct {
     unsigned char *used;
     Py_ssize_t cap, count;
     unsigned long long probes;
-    /* finds probing with the GIL released, and requests of the request
-     * path (ll_fast.c) reading without it: entries let go meanwhile are
-     * parked in `parked` (a list of readers), released once none is busy
-     * (atomic: the request path counts without the GIL) */
-    Py_ssize_t busy;
-    PyObject *parked;
 } OpenShards;
-
-/* Let go of the readers parked while finds or requests were busy, if none
- * is any more. Under the GIL. */
-void openshards_release_parked(OpenShards *self);
 
 
 #define LOOKUP_STACK 64 /* shard indices answered without an allocation */

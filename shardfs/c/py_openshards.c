@@ -142,9 +142,8 @@ static int collect_candidates(PyObject *levels, PyObject *maps, PyObject *filter
 
 /* ---------------------------------------------------------------- OpenShards */
 
-/* Empty entry e. Its reader is let go now, or, while a find probes
- * without the GIL (it may be reading that shard's mapping), parked still
- * held until the probe ends (openshards_release_parked). */
+/* Empty entry e and let its reader go (a request snapshot or a find
+ * running without the GIL holds its own reference on the shard). */
 static void release_open_entry(OpenShards *self, open_entry_t *e)
 {
     Reader *r = e->reader;
@@ -156,43 +155,17 @@ static void release_open_entry(OpenShards *self, open_entry_t *e)
         return;
     self->count--;
     Py_DECREF(member);
-    if (__atomic_load_n(&self->busy, __ATOMIC_SEQ_CST)) {
-        if (!self->parked)
-            self->parked = PyList_New(0);
-        if (self->parked && PyList_Append(self->parked, (PyObject *)r) == 0) {
-            Py_DECREF(r); /* the list holds it now */
-            return;
-        }
-        /* Out of memory: leak the reader rather than free a shard that may
-         * be read. */
-        PyErr_Clear();
-        return;
-    }
     reader_unhold(r);
     Py_DECREF(r);
-}
-
-/* Let go of the parked readers once no find probes (and no request of the
- * request path reads). */
-void openshards_release_parked(OpenShards *self)
-{
-    PyObject *parked = self->parked;
-    if (!parked || __atomic_load_n(&self->busy, __ATOMIC_SEQ_CST))
-        return;
-    self->parked = NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parked); i++)
-        reader_unhold((Reader *)PyList_GET_ITEM(parked, i));
-    Py_DECREF(parked);
 }
 
 static void OpenShards_clear_entries(OpenShards *self)
 {
     for (Py_ssize_t i = 0; i < self->cap; i++) {
         open_entry_t old = self->entries[i];
-        table_write_lock();
+        table_changed();
         memset(&self->entries[i], 0, sizeof(open_entry_t));
         self->used[i] = 0;
-        table_write_unlock();
         release_open_entry(self, &old);
     }
     self->count = 0;
@@ -204,7 +177,6 @@ static int OpenShards_traverse(OpenShards *self, visitproc visit, void *arg)
         Py_VISIT(self->entries[i].reader);
         Py_VISIT(self->entries[i].member);
     }
-    Py_VISIT(self->parked);
     return 0;
 }
 
@@ -218,7 +190,6 @@ static void OpenShards_dealloc(OpenShards *self)
 {
     PyObject_GC_UnTrack(self);
     OpenShards_clear_entries(self);
-    openshards_release_parked(self);
     PyMem_Free(self->entries);
     PyMem_Free(self->used);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -254,16 +225,12 @@ static PyObject *OpenShards_set(OpenShards *self, PyObject *args)
     }
     if (reader != Py_None && !reader_ready((Reader *)reader))
         return NULL;
-    /* the arrays may move and the entry changes: the request path must not
-     * be reading them (sfs_table_lock) */
-    table_write_lock();
+    table_changed(); /* the next request snapshot takes the change */
     if (reader != Py_None &&
         grow_dense((void **)&self->entries, sizeof(open_entry_t), &self->used, &self->cap, number, 1024) < 0) {
-        table_write_unlock();
         return NULL;
     }
     if (number >= self->cap) {
-        table_write_unlock();
         Py_RETURN_NONE; /* forgetting an entry never held */
     }
     open_entry_t *e = &self->entries[number];
@@ -279,9 +246,7 @@ static PyObject *OpenShards_set(OpenShards *self, PyObject *args)
         self->count++;
     }
     self->used[number] = 0;
-    table_write_unlock();
     release_open_entry(self, &old); /* last: a dealloc may run Python code */
-    openshards_release_parked(self);
     Py_RETURN_NONE;
 }
 
@@ -390,9 +355,8 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
         candidates_free(&c);
         return NULL;
     }
-    /* The held candidates up to the first one not held. Their shards stay
-     * open while the GIL is released: an entry let go meanwhile is parked
-     * (busy). */
+    /* The held candidates up to the first one not held, each shard held by
+     * a reference of its own while the GIL is released. */
     sfs_shard_t *held[LOOKUP_STACK];
     int64_t numbers[LOOKUP_STACK];
     size_t nheld = 0;
@@ -410,7 +374,7 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
         sfs_prefetch_reader(e->shard);
         __builtin_prefetch(e->member, 1, 3);
         numbers[nheld] = number;
-        held[nheld++] = e->shard;
+        held[nheld++] = sfs_ref(e->shard);
     }
     candidates_free(&c);
     int rc = SFS_ENOTFOUND;
@@ -422,7 +386,6 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
     uint32_t slot = 0;
     uint64_t off = 0, size = 0;
     if (nheld) {
-        __atomic_add_fetch(&self->busy, 1, __ATOMIC_SEQ_CST);
         Py_BEGIN_ALLOW_THREADS
         for (size_t j = 0; j < nheld; j++) {
             SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(held[j], key, &slot, &off, &size));
@@ -436,7 +399,6 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
             }
         }
         Py_END_ALLOW_THREADS
-        __atomic_sub_fetch(&self->busy, 1, __ATOMIC_SEQ_CST);
     }
     size_t probed = hit < nheld ? hit + 1 : nheld;
     if (count)
@@ -465,7 +427,8 @@ static PyObject *OpenShards_find(OpenShards *self, PyObject *const *args, Py_ssi
         Py_INCREF(Py_None);
         result = Py_None;
     }
-    openshards_release_parked(self);
+    for (size_t j = 0; j < nheld; j++)
+        sfs_close(held[j]);
     return result;
 }
 static PyObject *OpenShards_get_probes(OpenShards *self, void *closure)

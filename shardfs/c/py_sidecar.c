@@ -308,9 +308,8 @@ static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
         if (!sidecar_ready((Sidecar *)obj))
             return NULL;
     }
-    table_write_lock(); /* the arrays may move; packed is stale from now on */
+    table_changed(); /* packed is stale from now on */
     if (grow_dense((void **)&self->sidecars, sizeof(PyObject *), &self->active, &self->cap, i, 16) < 0) {
-        table_write_unlock();
         return NULL;
     }
     if (i >= self->len)
@@ -324,7 +323,6 @@ static PyObject *SidecarSet_set(SidecarSet *self, PyObject *args)
     }
     self->active[i] = 1;
     self->dirty = 1;
-    table_write_unlock();
     release_sidecar(old);
     Py_RETURN_NONE;
 }
@@ -336,26 +334,24 @@ static PyObject *SidecarSet_remove(SidecarSet *self, PyObject *arg)
     if (number_arg(arg, &i) < 0)
         return NULL;
     if (i < self->len && self->active[i]) {
-        table_write_lock();
+        table_changed();
         Sidecar *old = (Sidecar *)self->sidecars[i];
         self->sidecars[i] = NULL;
         self->active[i] = 0;
         self->dirty = 1;
-        table_write_unlock();
         release_sidecar(old);
     }
     Py_RETURN_NONE;
 }
 
-/* Rebuild the compact arrays (under the table lock: the request path reads
- * them). Returns 0, or -1 with MemoryError set. */
+/* Rebuild the compact arrays (a request snapshot copies them, holding
+ * each sidecar: ll_snapshot.c). Returns 0, or -1 with MemoryError set. */
 int sidecar_set_pack(SidecarSet *self)
 {
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < self->len; i++)
         n += self->active[i];
     size_t want = (size_t)(n ? n : 1);
-    table_write_lock();
     sfs_sidecar_t **packed = PyMem_Realloc(self->packed, want * sizeof(*packed));
     if (packed)
         self->packed = packed;
@@ -366,7 +362,6 @@ int sidecar_set_pack(SidecarSet *self)
     if (out)
         self->out = out;
     if (!packed || !numbers || !out) {
-        table_write_unlock();
         PyErr_NoMemory();
         return -1;
     }
@@ -380,7 +375,6 @@ int sidecar_set_pack(SidecarSet *self)
     }
     self->nactive = n;
     self->dirty = 0;
-    table_write_unlock();
     return 0;
 }
 

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 struct sfs_shard {
+    int refs;             /* holders beyond the first (internal.h) */
     int fd;
     int writable;
     char *path;
@@ -620,9 +621,15 @@ fail:
     return rc;
 }
 
+sfs_shard_t *sfs_ref(sfs_shard_t *s)
+{
+    sfs_ref_take(&s->refs);
+    return s;
+}
+
 void sfs_close(sfs_shard_t *s)
 {
-    if (!s)
+    if (!s || !sfs_ref_drop(&s->refs))
         return;
     if (s->map)
         munmap((void *)s->map, s->map_size);

@@ -90,8 +90,14 @@ typedef struct sfs_shard sfs_shard_t;
  * Returns SFS_OK and sets *out, or SFS_ECORRUPT / SFS_EIO / SFS_ENOMEM. */
 int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err);
 
-/* Unmap and close. NULL is accepted. */
+/* Let go of the shard: unmapped and closed when no other holder (sfs_ref)
+ * remains. NULL is accepted. */
 void sfs_close(sfs_shard_t *shard);
+
+/* One more holder of an open shard, each let go by its own sfs_close():
+ * what a mount's request snapshot (ll.h) or a call running without the
+ * GIL holds. Thread-safe. Returns `shard`. */
+sfs_shard_t *sfs_ref(sfs_shard_t *shard);
 
 const sfs_header_t *sfs_header(const sfs_shard_t *shard);
 const char *sfs_path(const sfs_shard_t *shard);

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 struct sfs_sidecar {
+    int refs;              /* holders beyond the first (internal.h) */
     /* hot: read by every query */
     const uint32_t *dir;   /* 2^p + 1 entries */
     const uint32_t *fp;    /* n entries */
@@ -583,9 +584,15 @@ fail:
     return rc;
 }
 
+sfs_sidecar_t *sfs_sidecar_ref(sfs_sidecar_t *sc)
+{
+    sfs_ref_take(&sc->refs);
+    return sc;
+}
+
 void sfs_sidecar_close(sfs_sidecar_t *sc)
 {
-    if (!sc)
+    if (!sc || !sfs_ref_drop(&sc->refs))
         return;
     munmap(sc->map, sc->map_size);
     free(sc);

@@ -118,8 +118,12 @@ int sfs_sidecar_build(const sfs_shard_t *shard, const char *path,
 int sfs_sidecar_open(const char *path, const uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE],
                      uint64_t slot_count, sfs_sidecar_t **out, sfs_error_t *err);
 
-/* Unmap and free. NULL is accepted. */
+/* Let go: unmapped and freed when no other holder (sfs_sidecar_ref)
+ * remains. NULL is accepted. */
 void sfs_sidecar_close(sfs_sidecar_t *sc);
+/* One more holder, let go by its own sfs_sidecar_close(). Thread-safe.
+ * Returns `sc`. */
+sfs_sidecar_t *sfs_sidecar_ref(sfs_sidecar_t *sc);
 
 uint64_t sfs_sidecar_count(const sfs_sidecar_t *sc);       /* entries n (live keys at build) */
 unsigned sfs_sidecar_prefix_bits(const sfs_sidecar_t *sc); /* p */

@@ -199,6 +199,18 @@ def make_blobs(seed: int, count: int, low: int = 0, high: int = 64, tag: bytes =
     return [tag + i.to_bytes(4, "big") + rng.randbytes(rng.randrange(low, high)) for i in range(count)]
 
 
+def prefixed_blobs(prefix: str, count: int, tag: bytes = b"") -> List[bytes]:
+    """`count` distinct blobs (`tag` and a 4-byte counter) whose keys start
+    with the hex `prefix` (about 16**len(prefix) tries each)."""
+    out, i = [], 0
+    while len(out) < count:
+        data = tag + i.to_bytes(4, "big")
+        if key_of(data).startswith(prefix):
+            out.append(data)
+        i += 1
+    return out
+
+
 def build_shard(path: Path, blobs: Iterable[bytes]) -> Dict[str, bytes]:
     """Write a shard of `blobs` keyed by SHA-256; returns hex key -> bytes."""
     import shardfs  # here, not at the top: see the module docstring

@@ -41,6 +41,7 @@ from mounting import (
     mount_fails,
     mounted,
     needs_fuse,
+    prefixed_blobs,
     run,
     wait_until,
 )
@@ -877,3 +878,73 @@ def test_deleted_object_is_absent(corpus, mounter, tmp_path):
     assert removed not in names
     assert names == set(objects) - {removed}
     assert not os.path.exists(point / removed)
+
+
+def _getdents(fd: int, size: int) -> List[tuple]:
+    """One getdents64 system call on directory `fd` into a `size`-byte
+    buffer (a few entries: each call is one READDIRPLUS of the mount, from
+    the last d_off returned): [(name, d_off)], [] at the end."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    buf = ctypes.create_string_buffer(size)
+    n = libc.getdents64(fd, buf, ctypes.c_size_t(size))
+    assert n >= 0, os.strerror(ctypes.get_errno())
+    out, at = [], 0
+    while at < n:  # struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name
+        off, reclen = int.from_bytes(buf.raw[at + 8:at + 16], "little", signed=True), \
+            int.from_bytes(buf.raw[at + 16:at + 18], "little")
+        out.append((buf.raw[at + 19:at + reclen].split(b"\0", 1)[0].decode(), off))
+        at += reclen
+    return out
+
+
+def test_fanout_leaf_listing_resumed_across_shard_changes(mounter, tmp_path):
+    """Through the kernel: a fan-out leaf read with getdents a few entries
+    at a time while, between calls, a shard whose keys fall in the leaf
+    appears in the shard directory, an object already listed is taken
+    down (shardfs delete) and a shard file is removed. The listing has no
+    name twice, is in key order, and holds every name present throughout
+    (the handlers' test: test_fuse_handlers.py,
+    test_fanout_leaf_listing_resumed_after_the_shard_set_changed)."""
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    keys = {}
+    for name in "abc":
+        where = shard_dir if name != "c" else tmp_path
+        objects = build_shard(where / f"{name}.shard", prefixed_blobs("5e", 30, name.encode()))
+        keys[name] = set(objects)
+    point = mounter.mount([], tmp_path / "m", "--shard-dir", str(shard_dir), "--layout", "fanout",
+                          "--slicing", "0:1/1:2")
+    leaf = point / "5" / "e"
+    assert set(os.listdir(leaf)) == keys["a"] | keys["b"]
+    listed: List[tuple] = []
+    deleted = None
+    fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for call in range(100):
+            piece = _getdents(fd, 300)  # 3 entries of 88 bytes
+            if not piece:
+                break
+            listed += piece
+            if call == 1:
+                os.rename(tmp_path / "c.shard", shard_dir / "c.shard")
+                some = max(keys["c"])
+                assert wait_until(lambda: (leaf / some).exists()), "the new shard is not served"
+            elif call == 3:
+                deleted = min(n for n, _ in listed if n in keys["a"])
+                run(SHARDFS + ["delete", "--yes", str(shard_dir / "a.shard"), deleted], check=True)
+                assert wait_until(lambda: not (leaf / deleted).exists()), "the takedown is not seen"
+            elif call == 5:
+                os.unlink(shard_dir / "b.shard")
+                some = max(keys["b"])
+                assert wait_until(lambda: not (leaf / some).exists()), "the removed shard is still served"
+    finally:
+        os.close(fd)
+    assert deleted is not None and not (shard_dir / "b.shard").exists()
+    names = [n for n, _ in listed]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    skipped = sorted(keys["a"] - {deleted} - set(names))
+    assert not repeated and not skipped, \
+        f"{len(repeated)} name(s) listed twice, {len(skipped)} skipped: {repeated[:3]} {skipped[:3]}"
+    assert names == sorted(names) and set(names) <= keys["a"] | keys["b"] | keys["c"]
+    offsets = [off for _, off in listed]
+    assert offsets == sorted(set(offsets)) and offsets[0] > 0

@@ -17,7 +17,7 @@ import hashlib
 import os
 
 import pytest
-from mounting import build_shard, make_blobs
+from mounting import build_shard, make_blobs, prefixed_blobs
 
 shardfs = pytest.importorskip("shardfs")
 
@@ -271,5 +271,62 @@ def test_fanout_listing_resumed_after_the_shard_set_changed(corpus):
         assert {n for n in names if n > last} == {p for p in nonempty if p > last}
         assert nonempty <= set(names)
         fs.close()
+    finally:
+        shards.close()
+
+
+def test_fanout_leaf_listing_resumed_after_the_shard_set_changed(tmp_path):
+    """A fan-out leaf (MOUNT/5/e/<key>) listed a few entries per READDIR,
+    each served by another process (a ShardFS of its own), while the shard
+    set changes between READDIRs: a shard whose keys fall in the leaf is
+    added, an object already listed is deleted in place (a takedown), a
+    shard is removed. The listing resumes after the last key returned: no
+    name twice, names in key order, and every name present throughout
+    listed. (With positions that were indexes into the listing of the
+    moment, the added keys before the position made names come twice and
+    the removed ones made names be skipped.)"""
+    from shardfs.fuse.handlers import ShardFS
+    from shardfs.fuse.layout import Layout
+    from shardfs.shardset import ShardSet
+
+    layout = Layout.fanout("0:1/1:2")
+    leaf = layout.dir_inode(2, 0x5e)
+    paths, keys = {}, {}
+    for name in "abc":
+        paths[name] = tmp_path / f"{name}.shard"
+        objects = build_shard(paths[name], prefixed_blobs("5e", 30, name.encode())
+                              + make_blobs(3, 20, 1, 100, tag=name.encode()))
+        keys[name] = {k for k in objects if k.startswith("5e")}
+    shards = ShardSet(cache_dir=str(tmp_path / "cache"))
+    shards.add(str(paths["a"]))
+    b = shards.add(str(paths["b"]))
+    deleted = None
+    listed = []
+    try:
+        for call in range(100):
+            reply = Reply(4)
+            fs = ShardFS(shards, layout=layout)
+            fs.readdir(leaf, listed[-1][5] if listed else 0, reply)
+            fs.close()
+            if not reply.entries:
+                break
+            listed += reply.entries
+            if call == 1:
+                shards.add(str(paths["c"]))
+            elif call == 3:
+                deleted = min(e[0].decode() for e in listed if e[0].decode() in keys["a"])
+                assert shardfs.delete(str(paths["a"]), [bytes.fromhex(deleted)]) == 1
+            elif call == 5:
+                shards.remove(b)
+        assert deleted is not None and 10 < len(listed) < 90
+        names = [e[0].decode() for e in listed]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        skipped = sorted(keys["a"] - {deleted} - set(names))
+        assert not repeated and not skipped, \
+            f"{len(repeated)} name(s) listed twice, {len(skipped)} skipped: {repeated[:3]} {skipped[:3]}"
+        assert names == sorted(names)
+        assert set(names) <= keys["a"] | keys["b"] | keys["c"]
+        positions = [e[5] for e in listed]
+        assert positions == sorted(set(positions)) and 0 < positions[0] and positions[-1] < 1 << 63
     finally:
         shards.close()

@@ -27,8 +27,8 @@ the READDIR calls of one listing, may each reach another process:
 * No state a later request needs: READ resolves the inode's slot again
   (which also makes a takedown effective at once), and a listing position
   is computed from the shard set (a shard number and slot for a flat root,
-  a child number or an index into a sorted listing for a fan-out
-  directory). What a handler remembers between requests is a cache that
+  a child number for a fan-out directory, bits of the key for a fan-out
+  leaf). What a handler remembers between requests is a cache that
   any process may rebuild.
 * A handler does its I/O inline (the C core releases the GIL).
 * What the handlers must tell the process that runs them (a request began
@@ -106,6 +106,10 @@ LISTING_CACHE_SIZE = 64
 #: winery database are listed (image objects use shard number << 32 | slot,
 #: below it).
 DB_LISTING_BASE = 1 << 62
+
+#: Bits of a key, after its fan-out leaf's prefix, that make its listing
+#: position (`_leaf_position`).
+LEAF_POSITION_BITS = 62
 
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
 #: Bytes of an object's name: its key in hex.
@@ -615,7 +619,8 @@ class ShardFS:
 
     def _leaf_entries(self, depth: int, prefix: int) -> List[_Entry]:
         """The objects of a fan-out leaf directory, by key (a shard without
-        a sidecar yet is scanned whole)."""
+        a sidecar yet is scanned whole); an entry's next_id is
+        `_leaf_position` of its key + 1."""
         hexprefix = self.layout.prefix_hex(depth, prefix)
         nbits = 4 * len(hexprefix)
         pbytes = _prefix_bytes(prefix, nbits)
@@ -648,11 +653,12 @@ class ShardFS:
             for key, size in self.winery.table_range(*key_range(hexprefix)):
                 if key not in entries:
                     entries[key] = (self.winery.inode_for(key, size), size, self._dir_time_ns)
-        out = []
-        for key in sorted(entries):
-            inode, size, time_ns = entries[key]
-            out.append((len(out) + 1, key.hex().encode("ascii"), inode, False, size, time_ns))
-        return out
+        # Positions come from the keys, as children's from their numbers: a
+        # listing resumes after the last key returned whatever was added,
+        # removed or taken down meanwhile (an index into the listing of the
+        # moment skipped or repeated names).
+        return [(_leaf_position(key, nbits) + 1, key.hex().encode("ascii"), inode, False, size, time_ns)
+                for key, (inode, size, time_ns) in sorted(entries.items())]
 
     def _listing_version(self) -> Any:
         """What a cached listing is valid for: the shard set's version,
@@ -681,9 +687,7 @@ class ShardFS:
         if flat:
             return entries
         self._listings.put(key, entries)
-        if depth < self.layout.depth:  # positions are child numbers + 1
-            return entries[_after(entries, start_id):]
-        return entries[start_id:]
+        return entries[_after(entries, start_id):]
 
     @_handler
     def readdir(self, inode: int, start_id: int, reply: Any) -> None:
@@ -816,6 +820,22 @@ def _after(entries: Sequence[_Entry], position: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def _leaf_position(key: bytes, nbits: int) -> int:
+    """The listing position of a 32-byte `key` in the fan-out leaf spelled
+    by its first `nbits` bits: the LEAF_POSITION_BITS (62) bits that follow
+    them, an int in [0, 2^62), so that next_id (+ 1) fits the readdir
+    offset (signed 64-bit, > 0). Keys of one leaf sort as their positions.
+
+    Two keys of a leaf sharing these bits get the same position: a READDIR
+    that ends between them resumes after both, leaving the second out of
+    that listing (lookup still finds it). Among n SHA-256 keys of a leaf
+    that has probability about n^2 / 2^63 (1e-7 for a million keys in one
+    leaf); contents crafted to collide there cost some 2^((nbits + 62) / 2)
+    hashes (2^39 for the default 0:2/2:4 slicing)."""
+    shift = 8 * KEY_SIZE - nbits - LEAF_POSITION_BITS
+    return (int.from_bytes(key, "big") >> shift) & ((1 << LEAF_POSITION_BITS) - 1)
 
 
 def _prefix_bytes(value: int, nbits: int) -> bytes:

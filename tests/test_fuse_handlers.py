@@ -194,7 +194,7 @@ def test_unexpected_exception_is_eio(corpus, monkeypatch, caplog):
         def broken(*args, **kwargs):
             raise RuntimeError("broken shard set")
 
-        monkeypatch.setattr(shards, "find", broken)
+        monkeypatch.setattr(fs, "_resolver", broken)  # what lookups of objects ask
         with pytest.raises(FUSEError) as exc:
             fs.lookup(ROOT_INODE, key.encode())
         assert exc.value.errno == errno.EIO

@@ -26,12 +26,10 @@
 #include "ll.h"
 #include "ll_names.h"
 #include "ll_snapshot.h"
+#include "ll_resolve.h"
+#include "ll_guarded.h"
 
 #include <stdlib.h>
-
-/* Bytes of an object read ahead when it is looked up: the READ that
- * follows asks for up to 128 KiB of it. */
-#define PREFETCH_BYTES (128 * 1024)
 
 /* Objects pushed ahead of a read in listing order, and the most slots
  * between two reads that still count as in order (the reads of pushed
@@ -156,51 +154,6 @@ void ll_fast_refresh(struct ll_fast *f, PyObject *fs)
     close_ahead_sidecars(f); /* shard numbers may name other shards now */
 }
 
-/* ------------------------------------------------------------ guarded */
-
-/* The core's calls that read a mapping, each in a frame of its own under
- * SFS_GUARDED (guard.h: a file that shrank answers SFS_EGONE instead of
- * SIGBUS), so that no variable of the caller lives across the sigsetjmp. */
-
-static __attribute__((noinline)) int g_gindex_lookup(const sfs_gindex_t *g, const uint8_t *key, uint32_t *out,
-                                                     size_t cap, size_t *found)
-{
-    int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, *found = sfs_gindex_lookup(g, key, out, cap));
-    return rc;
-}
-
-static __attribute__((noinline)) int g_candidates(sfs_sidecar_t *const *sc, size_t count, const uint8_t *key,
-                                                  uint32_t *out, size_t *found)
-{
-    int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, *found = sfs_sidecar_candidates(sc, count, key, out, count));
-    return rc;
-}
-
-static __attribute__((noinline)) int g_lookup_slot(const sfs_shard_t *shard, const uint8_t *key, uint32_t *slot,
-                                                   uint64_t *off, uint64_t *size)
-{
-    int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_slot(shard, key, slot, off, size));
-    return rc;
-}
-
-static __attribute__((noinline)) int g_slot_object(const sfs_shard_t *shard, uint64_t slot, uint64_t *off,
-                                                   uint64_t *size)
-{
-    int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_slot_object(shard, slot, NULL, off, size));
-    return rc;
-}
-
-static __attribute__((noinline)) int g_read(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t n)
-{
-    int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_read(shard, offset, dst, n));
-    return rc;
-}
-
 /* -------------------------------------------------------------- requests */
 
 /* A reference on the snapshot if the fast path may answer now (one is
@@ -217,244 +170,45 @@ static ll_snapshot_t *fast_begin(struct ll_fast *f)
     return NULL;
 }
 
-static int cmp_i64(const void *a, const void *b)
+static void count_lookup(struct ll_fast *f, const ll_found_t *found)
 {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
+    if (found->by_hash) {
+        __atomic_fetch_add(&f->stats[4], (int64_t)found->probed, __ATOMIC_RELAXED);
+    } else {
+        __atomic_fetch_add(&f->stats[0], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&f->stats[1], (int64_t)found->probed, __ATOMIC_RELAXED);
+    }
 }
 
-/* Append the shard numbers the levels map `key` to (the levels of keys, or
- * of digests: a digest is looked up as a key whose first 20 bytes it is)
- * into c[*k..] (at most cap). 0, or -1 when they do not fit or a level
- * cannot be read (the handlers then answer). */
-static int level_candidates(const struct ll_level *levels, size_t nlevels, const uint8_t key[SFS_KEY_SIZE],
-                            int64_t *c, size_t cap, size_t *k)
+static void fast_entry(Session *s, const ll_found_t *found, struct fuse_entry_param *e)
 {
-    for (size_t i = 0; i < nlevels; i++) {
-        const struct ll_level *lv = &levels[i];
-        uint32_t out[LOOKUP_STACK];
-        size_t found = 0;
-        if (g_gindex_lookup(lv->g, key, out, LOOKUP_STACK, &found) != SFS_OK || found > LOOKUP_STACK)
-            return -1;
-        for (size_t j = 0; j < found; j++) {
-            int64_t number = out[j] < lv->nmap ? lv->map[out[j]] : -1;
-            if (number < 0)
-                continue;
-            if (*k == cap)
-                return -1;
-            c[(*k)++] = number;
-        }
-    }
-    return 0;
-}
-
-/* Sort c[0..n) and drop repeats; returns the count left. */
-static size_t sort_unique(int64_t *c, size_t n)
-{
-    qsort(c, n, sizeof(int64_t), cmp_i64);
-    size_t u = 0;
-    for (size_t j = 0; j < n; j++)
-        if (u == 0 || c[u - 1] != c[j])
-            c[u++] = c[j];
-    return u;
-}
-
-/* Candidate shard numbers of `key`, sorted and distinct, into c[0..*n)
- * (at most cap): from the global index levels and the filters. Returns 0,
- * or -1 when they do not fit or an index level or a filter cannot be read
- * (the handlers then answer). */
-static int fast_candidates(const ll_snapshot_t *snap, const uint8_t key[SFS_KEY_SIZE], int64_t *c, size_t cap,
-                           size_t *n)
-{
-    size_t k = 0;
-    if (level_candidates(snap->levels, snap->nlevels, key, c, cap, &k) < 0)
-        return -1;
-    if (snap->nfilters) {
-        size_t count = snap->nfilters;
-        uint32_t stack[256], *out = count <= 256 ? stack : malloc(count * sizeof(uint32_t));
-        if (!out)
-            return -1;
-        size_t found = 0;
-        int rc = g_candidates(snap->filters, count, key, out, &found);
-        for (size_t j = 0; rc == SFS_OK && j < found && j < count; j++) {
-            if (k == cap) {
-                rc = -1;
-                break;
-            }
-            c[k++] = snap->filter_numbers[out[j]];
-        }
-        if (out != stack)
-            free(out);
-        if (rc != SFS_OK)
-            return -1;
-    }
-    *n = sort_unique(c, k);
-    return 0;
-}
-
-static __attribute__((noinline)) int g_hash_find(const sfs_shard_t *shard, const sfs_hashindex_t *hx,
-                                                 const uint8_t *digest, uint32_t *slot, uint64_t *off, uint64_t *size)
-{
-    int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_hash_find(shard, hx, digest, slot, off, size, NULL));
-    return rc;
-}
-
-#define SWHID_PREFIX "swh:1:cnt:"
-#define SWHID_PREFIX_LEN 10
-
-/* LOOKUP of a name by another hash: `hex` (40 lowercase hex digits) in
- * MOUNT/sha1 or MOUNT/sha1_git, or a content SWHID in the root (kind 1:
- * sha1_git). The levels over the digests and the unlevelled shards give
- * the candidates; each is asked through its hash index, and the object it
- * proposes is hashed again (sfs_hash_find) before it is answered, with the
- * inode of its slot. No lock is held: the snapshot holds the shards and
- * the indexes. Returns 0 when the handlers must answer: a candidate not
- * open here or without its index, an error. */
-static int fast_hash_lookup(Session *s, ll_snapshot_t *snap, fuse_req_t req, int kind, const char *hex)
-{
-    const struct ll_hash_names *h = &snap->hashes[kind];
-    struct fuse_entry_param e;
-    memset(&e, 0, sizeof(e));
-    e.entry_timeout = e.attr_timeout = s->entry_timeout; /* negative unless found */
-    uint8_t key[SFS_KEY_SIZE] = {0};
-    if (sfs_ll_parse_hex(hex, 2 * SFS_HX_DIGEST_SIZE, key) < 0) {
-        fuse_reply_entry(req, &e);
-        return 1;
-    }
-    int64_t cand[LOOKUP_STACK];
-    size_t k = 0;
-    if (level_candidates(h->levels, h->nlevels, key, cand, LOOKUP_STACK, &k) < 0 ||
-        h->nunlevelled > LOOKUP_STACK - k)
-        return 0;
-    memcpy(cand + k, h->unlevelled, h->nunlevelled * sizeof(int64_t));
-    k = sort_unique(cand, k + h->nunlevelled);
-    size_t probed = 0;
-    for (size_t j = 0; j < k; j++) {
-        int64_t mtime;
-        sfs_shard_t *shard = ll_snapshot_shard(snap, (uint64_t)cand[j], &mtime);
-        const sfs_hashindex_t *hx = (uint64_t)cand[j] < h->nindexes ? h->indexes[cand[j]] : NULL;
-        if (!shard || !hx)
-            return 0;
-        uint32_t slot;
-        uint64_t off, size;
-        int rc = g_hash_find(shard, hx, key, &slot, &off, &size);
-        probed++;
-        if (rc == SFS_ENOTFOUND)
-            continue;
-        if (rc != SFS_OK)
-            return 0;
-        sfs_prefetch(shard, off, size < PREFETCH_BYTES ? size : PREFETCH_BYTES);
-        e.ino = sfs_ll_object_ino((uint32_t)cand[j], slot);
-        ll_fill_attr(s, &e.attr, e.ino, 0, size, mtime);
-        e.entry_timeout = e.attr_timeout = s->cache_timeout;
-        break;
-    }
-    __atomic_fetch_add(&s->fast->stats[4], (int64_t)probed, __ATOMIC_RELAXED);
-    fuse_reply_entry(req, &e);
-    return 1;
-}
-
-/* A name by another hash, if `name` is one in `parent`: 1 replied, 0 to
- * the handlers, -1 not such a name. */
-static int fast_lookup_hash(Session *s, ll_snapshot_t *snap, fuse_req_t req, fuse_ino_t parent, const char *name,
-                            size_t len)
-{
-    for (int kind = 0; kind < 2; kind++) {
-        const struct ll_hash_names *h = &snap->hashes[kind];
-        if (!h->dir_ino)
-            continue;
-        if (len == 2 * SFS_HX_DIGEST_SIZE && parent == h->dir_ino)
-            return fast_hash_lookup(s, snap, req, kind, name);
-        if (kind == 1 && len == SFS_LL_SWHID_PREFIX_LEN + 2 * SFS_HX_DIGEST_SIZE && parent == SFS_LL_ROOT_INODE &&
-            memcmp(name, SFS_LL_SWHID_PREFIX, SFS_LL_SWHID_PREFIX_LEN) == 0)
-            return fast_hash_lookup(s, snap, req, kind, name + SFS_LL_SWHID_PREFIX_LEN);
-    }
-    return -1;
-}
-
-/* LOOKUP of a key name: the candidates open here, in number order, up to
- * the first that is not (the handlers answer if none before it holds the
- * key). */
-static int fast_lookup_key(Session *s, ll_snapshot_t *snap, fuse_req_t req, fuse_ino_t parent, const char *name)
-{
-    uint8_t key[SFS_KEY_SIZE];
-    uint64_t prefix = 0;
-    int depth = sfs_ll_split_dir(&snap->layout, parent, &prefix);
-    if (depth < 0)
-        return 0; /* not a directory: the handlers say ENOTDIR */
-    struct fuse_entry_param e;
-    memset(&e, 0, sizeof(e));
-    e.entry_timeout = e.attr_timeout = s->entry_timeout; /* negative unless found */
-    if (sfs_ll_object_name(&snap->layout, depth, prefix, name, key) == 0) {
-        fuse_reply_entry(req, &e);
-        return 1;
-    }
-    int64_t cand[LOOKUP_STACK];
-    size_t n = 0, probed = 0;
-    if (fast_candidates(snap, key, cand, LOOKUP_STACK, &n) < 0)
-        return 0;
-    int failed = 0;
-    for (size_t j = 0; j < n; j++) {
-        int64_t mtime;
-        sfs_shard_t *shard = ll_snapshot_shard(snap, (uint64_t)cand[j], &mtime);
-        if (!shard)
-            return 0; /* a candidate to open: the handlers */
-        uint32_t slot = 0;
-        uint64_t off = 0, size = 0;
-        int rc = g_lookup_slot(shard, key, &slot, &off, &size);
-        probed++;
-        if (rc == SFS_ENOTFOUND)
-            continue;
-        if (rc != SFS_OK) {
-            failed = 1; /* the file shrank, or a corrupt slot: another shard */
-            continue;   /* may hold the key, else the handlers say EIO */
-        }
-        /* the READ that follows asks for up to 128 KiB of it: start it now */
-        sfs_prefetch(shard, off, size < PREFETCH_BYTES ? size : PREFETCH_BYTES);
-        e.ino = sfs_ll_object_ino((uint32_t)cand[j], slot);
-        ll_fill_attr(s, &e.attr, e.ino, 0, size, mtime);
-        e.entry_timeout = e.attr_timeout = s->cache_timeout;
-        failed = 0;
-        break;
-    }
-    if (failed)
-        return 0;
-    __atomic_fetch_add(&s->fast->stats[0], 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&s->fast->stats[1], (int64_t)probed, __ATOMIC_RELAXED);
-    fuse_reply_entry(req, &e);
-    return 1;
+    memset(e, 0, sizeof(*e));
+    e->entry_timeout = e->attr_timeout = s->entry_timeout; /* negative unless found */
+    if (!found)
+        return;
+    e->ino = found->ino;
+    ll_fill_attr(s, &e->attr, found->ino, 0, found->size, found->mtime_ns);
+    e->entry_timeout = e->attr_timeout = s->cache_timeout;
 }
 
 int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-    size_t len = strnlen(name, SFS_LL_NAME_SIZE + 1);
-    int hashed = len == 2 * SFS_HX_DIGEST_SIZE || len == SFS_LL_SWHID_PREFIX_LEN + 2 * SFS_HX_DIGEST_SIZE;
-    if (!hashed && len != SFS_LL_NAME_SIZE)
-        return 0;
     ll_snapshot_t *snap = fast_begin(s->fast);
     if (!snap)
         return 0;
-    int replied = hashed ? fast_lookup_hash(s, snap, req, parent, name, len) : fast_lookup_key(s, snap, req, parent, name);
+    ll_found_t found;
+    enum ll_resolution res = ll_resolve_name(snap, parent, name, 0, &found);
+    int replied = res == LL_FOUND || res == LL_ABSENT;
+    if (replied) {
+        struct fuse_entry_param e;
+        if (res == LL_FOUND) /* the READ that follows asks for up to 128 KiB of it: start it now */
+            sfs_prefetch(found.shard, found.offset, found.size < LL_PREFETCH_BYTES ? found.size : LL_PREFETCH_BYTES);
+        fast_entry(s, res == LL_FOUND ? &found : NULL, &e);
+        count_lookup(s->fast, &found);
+        fuse_reply_entry(req, &e);
+    }
     ll_snapshot_release(snap);
-    return replied > 0;
-}
-
-/* The object inode `ino` names in `snap`, its slot resolved now (a
- * takedown is seen at once): its shard and mtime, and in *rc SFS_OK (with
- * *off, *size), SFS_ENOTFOUND (empty, deleted, past the index) or another
- * status (the handlers answer); NULL when the handlers must answer (not an
- * object in a shard open and served here). */
-static sfs_shard_t *fast_resolve(ll_snapshot_t *snap, fuse_ino_t ino, int64_t *mtime, int *rc, uint64_t *off,
-                                 uint64_t *size)
-{
-    uint32_t number, slot;
-    if (!sfs_ll_object_inode(ino, &number, &slot))
-        return NULL;
-    sfs_shard_t *shard = ll_snapshot_shard(snap, number, mtime);
-    if (shard)
-        *rc = slot < sfs_slot_count(shard) ? g_slot_object(shard, slot, off, size) : SFS_ENOTFOUND;
-    return shard;
+    return replied;
 }
 
 int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
@@ -463,21 +217,27 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
     if (!snap)
         return 0;
     struct stat st;
-    uint64_t prefix, off, size;
-    int64_t mtime;
-    int rc = SFS_OK, replied = 1;
+    uint64_t prefix;
+    ll_found_t found;
+    int replied = 1;
     if (sfs_ll_split_dir(&snap->layout, ino, &prefix) >= 0) {
         ll_fill_attr(s, &st, ino, 1, 0, snap->dir_time_ns);
         fuse_reply_attr(req, &st, s->cache_timeout);
-    } else if (!fast_resolve(snap, ino, &mtime, &rc, &off, &size)) {
-        replied = 0;
-    } else if (rc == SFS_ENOTFOUND) {
-        fuse_reply_err(req, ENOENT);
-    } else if (rc == SFS_OK) {
-        ll_fill_attr(s, &st, ino, 0, size, mtime);
-        fuse_reply_attr(req, &st, s->cache_timeout);
     } else {
-        replied = 0;
+        switch (ll_resolve_inode(snap, ino, 0, &found)) {
+        case LL_FOUND:
+            ll_fill_attr(s, &st, ino, 0, found.size, found.mtime_ns);
+            fuse_reply_attr(req, &st, s->cache_timeout);
+            break;
+        case LL_ABSENT:
+            fuse_reply_err(req, ENOENT);
+            break;
+        case LL_STALE:
+            fuse_reply_err(req, ESTALE);
+            break;
+        default:
+            replied = 0;
+        }
     }
     ll_snapshot_release(snap);
     return replied;
@@ -485,37 +245,37 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
 
 int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t offset)
 {
-    uint64_t off, size;
-    int64_t mtime;
-    int rc;
     ll_snapshot_t *snap = offset < 0 ? NULL : fast_begin(s->fast);
-    sfs_shard_t *shard = snap ? fast_resolve(snap, ino, &mtime, &rc, &off, &size) : NULL;
-    int replied = 0;
-    if (!shard) {
-        /* the handlers */
-    } else if (rc == SFS_ENOTFOUND) {
-        fuse_reply_err(req, ENOENT);
-        replied = 1;
-    } else if (rc == SFS_OK) {
-        size_t n = sfs_ll_read_length(size, (uint64_t)offset, want);
+    if (!snap)
+        return 0;
+    ll_found_t found;
+    int replied = 1;
+    switch (ll_resolve_inode(snap, ino, 1, &found)) {
+    case LL_FOUND: {
+        size_t n = sfs_ll_read_length(found.size, (uint64_t)offset, want);
         char *buf = n ? malloc(n) : NULL;
-        if (n && !buf) {
+        int rc = n && !buf ? SFS_ENOMEM : ll_resolve_read(&found, (uint64_t)offset, buf, n);
+        if (rc == SFS_OK)
+            fuse_reply_buf(req, buf, n);
+        else if (rc == SFS_ENOMEM)
             fuse_reply_err(req, ENOMEM);
-            replied = 1;
-        } else {
-            if (n)
-                rc = g_read(shard, off + (uint64_t)offset, buf, n);
-            if (rc == SFS_OK) {
-                fuse_reply_buf(req, buf, n);
-                replied = 1;
-            } else if (rc == SFS_EIO && sfs_is_rbd(shard)) {
-                /* the cluster failed or timed out (rbd.h): asking it again
-                 * from the Python handler would double the wait */
-                fuse_reply_err(req, EIO);
-                replied = 1;
-            }
-            free(buf);
-        }
+        else if (rc == SFS_EIO && sfs_is_rbd(found.shard))
+            /* the cluster failed or timed out (rbd.h): asking it again
+             * from the Python handler would double the wait */
+            fuse_reply_err(req, EIO);
+        else
+            replied = 0; /* the handlers log it */
+        free(buf);
+        break;
+    }
+    case LL_ABSENT:
+        fuse_reply_err(req, ENOENT);
+        break;
+    case LL_STALE:
+        fuse_reply_err(req, ESTALE);
+        break;
+    default:
+        replied = 0;
     }
     ll_snapshot_release(snap);
     return replied;
@@ -542,27 +302,19 @@ static int push(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, ui
 
 int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
 {
-    uint64_t off, size;
-    int64_t mtime;
-    int rc;
     ll_snapshot_t *snap = fast_begin(s->fast);
-    sfs_shard_t *shard = snap ? fast_resolve(snap, ino, &mtime, &rc, &off, &size) : NULL;
+    ll_found_t found;
     /* Not for an object in an RBD image: this ioctl comes at every open by
      * CPython, cached or not, and a push reads the object again from the
      * cluster; its READ, if its pages are not cached, takes the read the
      * LOOKUP started (rbd.h). */
-    int stored = shard && rc == SFS_OK && !sfs_is_rbd(shard) ? push(s, shard, ino, off, size < want ? size : want) : -1;
+    int stored = snap && ll_resolve_inode(snap, ino, 0, &found) == LL_FOUND && !sfs_is_rbd(found.shard)
+                     ? push(s, found.shard, ino, found.offset, found.size < want ? found.size : want)
+                     : -1;
     ll_snapshot_release(snap);
     return stored;
 }
 
-
-static __attribute__((noinline)) int g_slot_key(const sfs_shard_t *shard, uint64_t slot, uint8_t *key)
-{
-    int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_slot_get(shard, slot, key) == SFS_EMPTY_OFFSET ? SFS_ENOTFOUND : SFS_OK);
-    return rc;
-}
 
 /* The position of `slot` (whose key is `key`) among sidecar `sc`'s
  * entries (sorted by key), and the slots of the next `max` entries into

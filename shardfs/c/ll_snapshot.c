@@ -183,8 +183,10 @@ static int take_hashes(ll_snapshot_t *s, PyObject *hashes)
     return 0;
 }
 
-/* The open and served shards, their mtimes and sidecars for key order. */
-static int take_shards(ll_snapshot_t *s, OpenShards *open, PyObject *mtimes, PyObject *orders)
+/* The open shards (served ones from `open`, removed ones still open from
+ * `removed_open`, a tuple of (number, Reader)), their mtimes and sidecars
+ * for key order. */
+static int take_shards(ll_snapshot_t *s, OpenShards *open, PyObject *mtimes, PyObject *orders, PyObject *removed_open)
 {
     int64_t *m;
     size_t n;
@@ -214,6 +216,16 @@ static int take_shards(ll_snapshot_t *s, OpenShards *open, PyObject *mtimes, PyO
         }
         memcpy(s->orders[i].identity, PyBytes_AS_STRING(id), SFS_SIDECAR_IDENTITY_SIZE);
     }
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(removed_open); j++) {
+        PyObject *item = PyTuple_GET_ITEM(removed_open, j);
+        unsigned long long number;
+        PyObject *reader;
+        if (!PyArg_ParseTuple(item, "KO!:removed_open", &number, &ReaderType, &reader))
+            return -1;
+        if (number < n && m[number] == LL_REMOVED && !s->shards[number] && reader_ready((Reader *)reader))
+            s->shards[number] = sfs_ref(((Reader *)reader)->shard);
+        PyErr_Clear(); /* a closed reader: not open */
+    }
     return 0;
 }
 
@@ -241,14 +253,15 @@ static int take_filters(ll_snapshot_t *s, PyObject *filters)
 }
 
 /* state = (open_shards, filters, levels, maps, mtimes, prefix_lengths,
- * dir_time_ns, applied, orders, hashes): see ShardFS.fast_state. */
+ * dir_time_ns, applied, orders, hashes, removed_open): see
+ * ShardFS.fast_state. */
 ll_snapshot_t *ll_snapshot_build(PyObject *state)
 {
-    PyObject *open, *filters, *levels, *maps, *mtimes, *prefixes, *orders, *hashes = Py_None;
+    PyObject *open, *filters, *levels, *maps, *mtimes, *prefixes, *orders, *hashes, *removed_open;
     long long dir_time_ns, applied;
-    if (!PyArg_ParseTuple(state, "O!OO!O!OO!LLO!|O:fast_state", &OpenShardsType, &open, &filters, &PyTuple_Type,
+    if (!PyArg_ParseTuple(state, "O!OO!O!OO!LLO!OO!:fast_state", &OpenShardsType, &open, &filters, &PyTuple_Type,
                           &levels, &PyTuple_Type, &maps, &mtimes, &PyTuple_Type, &prefixes, &dir_time_ns, &applied,
-                          &PyTuple_Type, &orders, &hashes))
+                          &PyTuple_Type, &orders, &hashes, &PyTuple_Type, &removed_open))
         return NULL;
     ll_snapshot_t *s = alloc_array(1, sizeof(*s));
     if (!s)
@@ -271,7 +284,7 @@ ll_snapshot_t *ll_snapshot_build(PyObject *state)
         PyErr_SetString(PyExc_ValueError, "fast_state(): prefix lengths must grow, 1..7 hex digits");
         goto fail;
     }
-    if (take_shards(s, (OpenShards *)open, mtimes, orders) < 0 || take_levels(levels, maps, &s->levels, &s->nlevels) < 0 ||
+    if (take_shards(s, (OpenShards *)open, mtimes, orders, removed_open) < 0 || take_levels(levels, maps, &s->levels, &s->nlevels) < 0 ||
         take_filters(s, filters) < 0 || take_hashes(s, hashes) < 0)
         goto fail;
     return s;

@@ -62,14 +62,20 @@ struct ll_order {
     uint8_t identity[SFS_SIDECAR_IDENTITY_SIZE];
 };
 
+/* What the mtime of a shard number that is not served says: removed (no
+ * longer served; open here only for files opened before, which read it)
+ * or unknown to the process (never known, or forgotten). */
+#define LL_REMOVED (-2)
+#define LL_UNKNOWN (-1)
+
 typedef struct ll_snapshot {
     int64_t refs;                 /* releases count down from a bias (ll_snapshot.c) */
     int64_t applied;              /* the shard table sequence the handlers applied */
     int64_t dir_time_ns;          /* the directories' mtime */
     sfs_ll_layout_t layout;
     size_t nshards;               /* shard numbers 0..nshards-1 */
-    sfs_shard_t **shards;         /* [nshards]: open and served here (a reference), or NULL */
-    int64_t *mtimes;              /* [nshards]: mtime in ns of each served shard */
+    sfs_shard_t **shards;         /* [nshards]: open here (a reference), or NULL */
+    int64_t *mtimes;              /* [nshards]: mtime in ns of each served shard, or LL_REMOVED, LL_UNKNOWN */
     unsigned char *used;          /* [nshards]: probed by a request (atomic; see OpenShards.touched) */
     struct ll_order *orders;      /* [nshards] */
     size_t nlevels;
@@ -107,7 +113,7 @@ void ll_snapshot_publish(ll_current_t *current, ll_snapshot_t *snap);
  * is not open here or not served. Marks it used (recency). */
 static inline sfs_shard_t *ll_snapshot_shard(ll_snapshot_t *snap, uint64_t number, int64_t *mtime)
 {
-    if (number >= snap->nshards || !snap->shards[number])
+    if (number >= snap->nshards || !snap->shards[number] || snap->mtimes[number] < 0)
         return NULL;
     if (!__atomic_load_n(&snap->used[number], __ATOMIC_RELAXED))
         __atomic_store_n(&snap->used[number], 1, __ATOMIC_RELAXED);

@@ -18,6 +18,7 @@
 #include "py_module.h"
 #include "rbd.h"
 #include "ll.h"
+#include "ll_resolve.h"
 
 PyObject *ShardError, *CorruptShardError, *DuplicateKeyError, *StaleSidecarError;
 
@@ -131,6 +132,11 @@ int grow_dense(void **items, size_t item_size, unsigned char **bytes, Py_ssize_t
     return 0;
 }
 
+static PyObject *table_generation(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(sfs_table_generation);
+}
+
 static PyMethodDef module_functions[] = {
     {"build_sidecar", (PyCFunction)(void (*)(void))build_sidecar, METH_VARARGS | METH_KEYWORDS,
      "build_sidecar(reader, path, identity32): write the sidecar of an open Reader at path "
@@ -169,6 +175,9 @@ static PyMethodDef module_functions[] = {
      "client name without 'client.', the directory of local copies, librados's op timeouts in "
      "seconds (0: 30), whether cluster work before the first read runs in a child process, and "
      "the images kept open at most (0: 1024; the least recently used idle one is closed)."},
+    {"table_generation", (PyCFunction)table_generation, METH_NOARGS,
+     "table_generation() -> int: changes of what a request snapshot is built from (open shards, "
+     "filters, index levels, hash indexes) in this process so far."},
     {"rbd_open_images", (PyCFunction)rbd_open_images, METH_NOARGS,
      "rbd_open_images() -> int: RBD images open in this process now."},
     {"rbd_list", (PyCFunction)rbd_list, METH_O,
@@ -200,7 +209,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyType_Ready(&SidecarType) < 0 || PyType_Ready(&SidecarSetType) < 0 ||
         PyType_Ready(&GlobalIndexType) < 0 || PyType_Ready(&OpenShardsType) < 0 ||
         PyType_Ready(&SessionType) < 0 || PyType_Ready(&DirBufferType) < 0 ||
-        PyType_Ready(&HashIndexType) < 0)
+        PyType_Ready(&HashIndexType) < 0 || PyType_Ready(&ResolverType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
@@ -213,6 +222,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
     Py_INCREF(&OpenShardsType);
     Py_INCREF(&SessionType);
     Py_INCREF(&DirBufferType);
+    Py_INCREF(&ResolverType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
         PyModule_AddObject(m, "Writer", (PyObject *)&WriterType) < 0 ||
         PyModule_AddObject(m, "Sidecar", (PyObject *)&SidecarType) < 0 ||
@@ -222,6 +232,15 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddObject(m, "Session", (PyObject *)&SessionType) < 0 ||
         PyModule_AddObject(m, "DirBuffer", (PyObject *)&DirBufferType) < 0 ||
         PyModule_AddObject(m, "HashIndex", (PyObject *)&HashIndexType) < 0 ||
+        PyModule_AddObject(m, "Resolver", (PyObject *)&ResolverType) < 0 ||
+        PyModule_AddIntConstant(m, "SHARD_REMOVED", LL_REMOVED) < 0 ||
+        PyModule_AddIntConstant(m, "SHARD_UNKNOWN", LL_UNKNOWN) < 0 ||
+        PyModule_AddIntConstant(m, "RESOLVE_FOUND", LL_FOUND) < 0 ||
+        PyModule_AddIntConstant(m, "RESOLVE_ABSENT", LL_ABSENT) < 0 ||
+        PyModule_AddIntConstant(m, "RESOLVE_STALE", LL_STALE) < 0 ||
+        PyModule_AddIntConstant(m, "RESOLVE_OPEN", LL_NEED_OPEN) < 0 ||
+        PyModule_AddIntConstant(m, "RESOLVE_FAILED", LL_FAILED) < 0 ||
+        PyModule_AddIntConstant(m, "RESOLVE_NOT_OBJECT", LL_NOT_OBJECT) < 0 ||
         PyModule_AddIntConstant(m, "GINDEX_PREFIX_BITS", SFS_GINDEX_PREFIX_BITS) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_END", SFS_HEADER_END) < 0 ||
         PyModule_AddIntConstant(m, "KEY_SIZE", SFS_KEY_SIZE) < 0 ||

@@ -49,7 +49,7 @@ static inline void table_changed(void)
 }
 
 extern PyTypeObject ReaderType, WriterType, SidecarType, SidecarSetType, GlobalIndexType,
-    OpenShardsType, HashIndexType;
+    OpenShardsType, HashIndexType, ResolverType;
 
 /* ---------------------------------------------------------------- errors (module.c) */
 

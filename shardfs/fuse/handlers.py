@@ -60,7 +60,9 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from shardfs import _shardfs
 from shardfs import sidecar as sidecar_mod
+from shardfs.errors import ShardError
 from shardfs.fuse.layout import (HASH_DIR_INODES, OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode,
                                  split_db_inode, split_object_inode)
 from shardfs.hashes import DIGEST_SIZE, parse_swhid
@@ -110,6 +112,13 @@ DB_LISTING_BASE = 1 << 62
 #: Bits of a key, after its fan-out leaf's prefix, that make its listing
 #: position (`_leaf_position`).
 LEAF_POSITION_BITS = 62
+
+#: What the C resolver (``shardfs/c/ll_resolve.h``, `shardfs._shardfs.Resolver`)
+#: answers, and what `fast_state` says of a shard number that is not served.
+RESOLVE_FOUND, RESOLVE_ABSENT, RESOLVE_STALE = _shardfs.RESOLVE_FOUND, _shardfs.RESOLVE_ABSENT, _shardfs.RESOLVE_STALE
+RESOLVE_OPEN, RESOLVE_FAILED = _shardfs.RESOLVE_OPEN, _shardfs.RESOLVE_FAILED
+RESOLVE_NOT_OBJECT = _shardfs.RESOLVE_NOT_OBJECT
+RESOLVE_REMOVED, RESOLVE_UNKNOWN = _shardfs.SHARD_REMOVED, _shardfs.SHARD_UNKNOWN
 
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
 #: Bytes of an object's name: its key in hex.
@@ -274,6 +283,12 @@ class ShardFS:
         self._listings = _Cache(LISTING_CACHE_SIZE)
         #: (what it was made from, the tuple): see `fast_state`.
         self._fast: Tuple[Any, Any] = (None, None)
+        #: (fast_state tuple, table generation, `shardfs._shardfs.Resolver`):
+        #: see `_resolver`.
+        self._resolver_of: Tuple[Any, int, Any] = (None, -1, None)
+        #: Removed shards opened here for reads of files opened before their
+        #: removal (counted: a new one makes a new snapshot).
+        self._removed_opens = 0
         #: Inode -> hash name of the directories of names by another hash.
         self._hash_dirs: Dict[int, str] = {HASH_DIR_INODES[n]: n for n in shards.hashes.names} \
             if shards.hashes is not None else {}
@@ -282,6 +297,7 @@ class ShardFS:
         """Drop what the filesystem caches itself (the set is the caller's)."""
         self._listings.clear()
         self._fast = (None, None)
+        self._resolver_of = (None, -1, None)
 
     def fast_state(self) -> Any:
         """What the C request path needs to answer LOOKUP, GETATTR and READ
@@ -291,22 +307,33 @@ class ShardFS:
         `OpenShards` of the set, its `SidecarSet` of filters or None, the
         global index levels, their maps from a level's shard index to a
         shard number, an ``array('q')`` of each shard number's mtime in ns
-        (-1: not served), the cumulative hex prefix length of each fan-out
-        level, the directories' mtime in ns, the shard table sequence the
-        set matches). The same tuple is returned while none of it changed,
-        so that the C side rebuilds nothing."""
+        (RESOLVE_REMOVED: no longer served; RESOLVE_UNKNOWN: not known
+        here), the cumulative hex prefix length of each fan-out level, the
+        directories' mtime in ns, the shard table sequence the set matches,
+        the sidecar (path, identity) of each shard number for pushes in key
+        order, the names by other hashes (`_fast_hashes`), and (number,
+        `Reader`) of each removed shard still open here). The same tuple
+        is returned while none of it changed, so that the C side rebuilds
+        nothing (``shardfs/c/ll_snapshot.c`` builds a snapshot of it)."""
         if self.winery is not None:
             return None
         shards = self.shards
         levels, maps = shards.index.lookup_args if shards.index is not None else ((), ())
         hashes = shards.hashes
         made_of = (shards.version, levels, maps, getattr(self.hooks, "seen", 0),
-                   hashes.generation if hashes is not None else None)
+                   hashes.generation if hashes is not None else None, self._removed_opens)
         old, state = self._fast
         if old is not None and old[0] == made_of[0] and old[1] is levels and old[2] is maps \
-                and old[3] == made_of[3] and old[4] == made_of[4]:
+                and old[3] == made_of[3] and old[4] == made_of[4] and old[5] == made_of[5]:
             return state
-        mtimes = array.array("q", [-1]) * (max(shards.shards, default=-1) + 1)
+        mtimes = array.array("q", [RESOLVE_UNKNOWN]) * (max(shards.shards, default=-1) + 1)
+        removed_open = []
+        for member in shards.shards.values():
+            if member.removed:
+                mtimes[member.number] = RESOLVE_REMOVED
+                shard = member.held or shards.open_shards.items.get(member.number)
+                if shard is not None:
+                    removed_open.append((member.number, shard.reader))
         for member in shards.served():
             mtimes[member.number] = _ns(member.mtime)
         prefixes = tuple(self.layout.prefix_len(d) for d in range(1, self.layout.depth + 1))
@@ -316,7 +343,8 @@ class ShardFS:
                 orders[member.number] = (os.fsencode(sidecar_mod.sidecar_path(member.sidecar_dir, member.identity)),
                                          member.identity)
         state = (shards.open_table, shards.filters if len(shards.filters) else None, levels, maps, mtimes,
-                 prefixes, self._dir_time_ns, made_of[3], tuple(orders), self._fast_hashes(len(mtimes)))
+                 prefixes, self._dir_time_ns, made_of[3], tuple(orders), self._fast_hashes(len(mtimes)),
+                 tuple(removed_open))
         self._fast = (made_of, state)
         return state
 
@@ -356,32 +384,102 @@ class ShardFS:
     def _file_attr(self, inode: int, size: int, member: MountedShard) -> Entry:
         return (inode, False, size, _ns(member.mtime))
 
-    def _lookup_object(self, key: bytes) -> Optional[Entry]:
-        if self.winery is not None:
-            loc = self.winery.locate(key)
-            if loc is None:
-                return None
-            if loc.member is None:
-                return (self.winery.inode_for(key, loc.size), False, loc.size, self._dir_time_ns)
-            found = (loc.member, loc.slot, loc.data_offset, loc.size)
-        else:
-            found = self.shards.find(key)
-        if found is None:
-            return None
-        member, slot, data_offset, size = found
-        # The open that follows reads the object: start reading it now.
-        member.shard.prefetch(data_offset, size, PREFETCH_BYTES)
-        return self._file_attr(object_inode(member.number, slot), size, member)
+    def _resolver(self) -> Any:
+        """The C resolver (`shardfs._shardfs.Resolver`) over the shard set
+        as it is now: made again when `fast_state` or what it holds
+        changed (a shard opened, closed, added, removed)."""
+        state, generation, resolver = self._resolver_of
+        now_state, now_generation = self.fast_state(), _shardfs.table_generation()
+        if resolver is None or state is not now_state or generation != now_generation:
+            resolver = _shardfs.Resolver(now_state)
+            self._resolver_of = (now_state, now_generation, resolver)
+        return resolver
+
+    def _open(self, number: int) -> int:
+        """Open shard `number` in this process (within the set's bound on
+        open shards), so that the resolver can ask it: 0, or the errno of
+        why it cannot be: ESTALE (unknown here, or replaced since it was
+        mounted), EIO (unreadable: logged once)."""
+        member = self.shards.get(number)
+        if member is None:
+            return errno.ESTALE
+        try:
+            self.shards.open_shard(member)
+        except OSError as exc:
+            if exc.errno == errno.ESTALE:
+                return errno.ESTALE
+            self.shards._open_failed(member, exc)
+            return errno.EIO
+        except ShardError as exc:
+            self.shards._open_failed(member, exc)
+            return errno.EIO
+        if member.removed:
+            self._removed_opens += 1  # fast_state gives it to the resolver
+        return 0
+
+    def _failed(self, value: Tuple[int, str]) -> FUSEError:
+        """Log a shard the resolver could not read; the error to answer."""
+        number, what = value
+        member = self.shards.get(number)
+        log.error("shard %s (number %d): %s (run shardfs check)", member.path if member else "?", number, what)
+        return FUSEError(errno.EIO)
+
+    def _resolve(self, ask: Callable[[Any, int], Tuple[int, Any]], lookup: bool = False) -> Tuple[int, Any]:
+        """Ask the resolver (``ask(resolver, start)``) until it answers
+        something else than a shard to open: each such shard is opened and
+        the question asked again (a lookup from that shard's number on:
+        the candidates before it were asked already). Raises FUSEError:
+        EIO for a shard that cannot be read; for an inode, the errno of
+        `_open` when its shard cannot be opened (a lookup passes such a
+        candidate over)."""
+        start, opened = 0, set()
+        while True:
+            code, value = ask(self._resolver(), start)
+            if code == RESOLVE_FAILED:
+                raise self._failed(value)
+            if code != RESOLVE_OPEN:
+                return code, value
+            if value in opened:  # opened, yet not in the snapshot (past OpenShards' bound)
+                raise FUSEError(errno.EIO)
+            opened.add(value)
+            err = self._open(value)
+            if err and not lookup:
+                raise FUSEError(err)
+            start = value + 1 if err else value
+
+    def _lookup_object(self, parent: int, name: bytes) -> Any:
+        """The entry of the object `name` stands for in directory `parent`
+        (the resolver: a key, a digest in MOUNT/sha1 or MOUNT/sha1_git, a
+        SWHID), None when there is none, or RESOLVE_NOT_OBJECT when `name`
+        is not an object's name there."""
+        code, value = self._resolve(lambda resolver, start: resolver.lookup(parent, name, start), lookup=True)
+        if code == RESOLVE_FOUND:
+            ino, size, mtime_ns, _, _, probes = value
+            self.shards.lookups += 1
+            self.shards.probes += probes
+            return (ino, False, size, mtime_ns)
+        return RESOLVE_NOT_OBJECT if code == RESOLVE_NOT_OBJECT else None
+
+    def _inode(self, inode: int, for_read: bool = False) -> Tuple[int, int, int, int]:
+        """(shard number, offset, size, mtime_ns) of the object `inode`
+        names, its slot read now (a takedown is seen at once). Raises
+        FUSEError: ENOENT when it names nothing (a directory, an empty or
+        deleted slot), ESTALE when its shard is no longer served (unless
+        `for_read`: a shard removed but still open here is read, for files
+        opened before its removal) or was replaced: the kernel then looks
+        the name up again and finds the key where it is served now."""
+        code, value = self._resolve(lambda resolver, start: resolver.inode(inode, for_read))
+        if code == RESOLVE_FOUND:
+            _, size, mtime_ns, number, offset, _ = value
+            return number, offset, size, mtime_ns
+        raise FUSEError(errno.ESTALE if code == RESOLVE_STALE else errno.ENOENT)
 
     def _object(self, inode: int, opened: bool = False) -> Tuple[MountedShard, int, int]:
-        """(shard, data_offset, size) of an object inode, read from its
-        index slot now (so a takedown is seen at once). Raises ENOENT when
-        the inode names nothing: a directory, an empty or deleted slot.
-        Raises ESTALE when its shard is no longer served (unless `opened`:
-        READ of a file opened before the shard was removed) or
-        was replaced under the mount: the kernel then looks the name up
-        again (LOOKUP_REVAL) and finds the key where it is served now, or
-        nowhere, even if it still cached the name."""
+        """(shard, data_offset, size) of an object inode (see `_inode`; a
+        winery mount also hides the keys its database took down)."""
+        if self.winery is None:
+            number, offset, size, _ = self._inode(inode, opened)
+            return self.shards.get(number), offset, size
         split = split_object_inode(inode)
         if split is None:
             raise FUSEError(errno.ENOENT)
@@ -398,9 +496,20 @@ class ShardFS:
             raise
         if found is None:
             raise FUSEError(errno.ENOENT)
-        if self.winery is not None and self.winery.reader.is_hidden(found[0], member.number):
+        if self.winery.reader.is_hidden(found[0], member.number):
             raise FUSEError(errno.ENOENT)  # taken down in the database
         return (member, found[1], found[2])
+
+    def _winery_object(self, key: bytes) -> Optional[Entry]:
+        """The entry of `key` in a winery mount: an image's object unless
+        the database hides it, else an object only in the database."""
+        loc = self.winery.locate(key)
+        if loc is None:
+            return None
+        if loc.member is None:
+            return (self.winery.inode_for(key, loc.size), False, loc.size, self._dir_time_ns)
+        loc.member.shard.prefetch(loc.data_offset, loc.size, PREFETCH_BYTES)
+        return self._file_attr(object_inode(loc.member.number, loc.slot), loc.size, loc.member)
 
     def _db_object(self, inode: int) -> Optional[Tuple[bytes, int]]:
         """(key, size) of a database object's inode; None when `inode` is
@@ -436,7 +545,7 @@ class ShardFS:
                 key = self.winery.find_by_hash(self.shards.hashes.names, name, digest)
             except DatabaseUnavailable:
                 raise FUSEError(errno.EIO) from None
-            return None if key is None else self._lookup_object(key)
+            return None if key is None else self._winery_object(key)
         member, slot, data_offset, size = found
         member.shard.prefetch(data_offset, size, PREFETCH_BYTES)
         return self._file_attr(object_inode(member.number, slot), size, member)
@@ -454,6 +563,10 @@ class ShardFS:
         (in a fan-out directory) a key that does not start with the
         directory's prefix. Raises ENOTDIR when `parent_inode` is an object.
         """
+        if self.winery is None:  # objects: the C resolver
+            found = self._lookup_object(parent_inode, name)
+            if found is not RESOLVE_NOT_OBJECT:
+                return found
         where = self._split_dir(parent_inode)
         if where is None:
             raise FUSEError(errno.ENOTDIR)
@@ -485,7 +598,7 @@ class ShardFS:
                 return None
             if depth not in (0, self.layout.depth):
                 return None  # objects live at the root or in leaves
-            return self._lookup_object(key)
+            return self._winery_object(key)
         if depth < self.layout.depth:
             width = self.layout.widths[depth]
             if len(name) == width and _HEX_DIGITS.issuperset(name):
@@ -501,6 +614,9 @@ class ShardFS:
         """
         if self._split_dir(inode) is not None:
             return self._dir_attr(inode)
+        if self.winery is None:
+            _, _, size, mtime_ns = self._inode(inode)
+            return (inode, False, size, mtime_ns)
         db = self._db_object(inode)
         if db is not None:
             return (inode, False, db[1], self._dir_time_ns)
@@ -518,7 +634,12 @@ class ShardFS:
         it, once no process has a file open on it (READ comes from files
         opened before the removal: the kernel sends no OPEN in no-open
         mode)."""
-        if self.winery is not None and split_db_inode(inode) is not None:
+        if self.winery is None:
+            code, value = self._resolve(lambda resolver, start: resolver.read(inode, max(off, 0), max(size, 0)))
+            if code == RESOLVE_FOUND:
+                return value
+            raise FUSEError(errno.ESTALE if code == RESOLVE_STALE else errno.ENOENT)
+        if split_db_inode(inode) is not None:
             entry = self.winery.resolve(inode)  # (key, size)
             if entry is None:
                 raise FUSEError(errno.ESTALE)

@@ -1,0 +1,77 @@
+/*
+ * ll_resolve.h — the one resolver of a mount's objects: what a name
+ * stands for and what an inode names, over one snapshot of the shard set
+ * (ll_snapshot.h), in C, with no Python and no lock.
+ *
+ * Both front ends use it: the request path answering the kernel alone
+ * (ll_fast.c, the GIL not held) and the Python handlers
+ * (shardfs.fuse.handlers.ShardFS, through the Resolver type of py_resolve.c)
+ * for the requests C leaves them. What it cannot do itself it says: a
+ * candidate shard is not open in the process (LL_NEED_OPEN: the handlers open
+ * it, within the bound on open shards, and ask again), or a shard cannot
+ * be read (LL_FAILED: the handlers log it and answer EIO).
+ *
+ * Names (the layout's rules, ll_names.h): a 64-hex key in the root or in
+ * the leaf of its prefix; in MOUNT/sha1 and MOUNT/sha1_git 40 hex digits;
+ * in the root a content SWHID (swh:1:cnt:<sha1_git>). Every object found
+ * by another hash is hashed again before it is answered (sfs_hash_find).
+ * Inodes: (shard number + 1) << 32 | slot; the slot is read at every
+ * resolution, so a takedown is seen at once.
+ */
+#ifndef SHARDFS_LL_RESOLVE_H
+#define SHARDFS_LL_RESOLVE_H
+
+#include "ll_snapshot.h"
+
+#pragma GCC visibility push(hidden)
+
+/* Bytes of an object read ahead when it is looked up: the READ that
+ * follows asks for up to 128 KiB of it. */
+#define LL_PREFETCH_BYTES (128 * 1024)
+
+enum ll_resolution {
+    LL_FOUND,      /* an object: `found` says where */
+    LL_ABSENT,     /* no such object (a lookup: a negative entry; an inode: ENOENT) */
+    LL_STALE,      /* an inode of a shard no longer served (ESTALE: the kernel looks the name up again) */
+    LL_NEED_OPEN,  /* shard found.number must be opened here first, then ask again */
+    LL_FAILED,     /* shard found.number cannot be read (corrupt slot, file shrank: found.status) */
+    LL_NOT_OBJECT, /* not an object's name or inode (directories, "..", database objects) */
+};
+
+typedef struct {
+    uint64_t ino;         /* the object's inode */
+    uint32_t number;      /* its shard number (LL_FOUND, LL_NEED_OPEN, LL_FAILED) */
+    uint32_t slot;
+    uint64_t offset;      /* byte offset of its first byte in the shard */
+    uint64_t size;        /* bytes */
+    int64_t mtime_ns;     /* its shard's mtime */
+    int status;           /* LL_FAILED: the SFS_* status */
+    sfs_shard_t *shard;   /* LL_FOUND: its shard, valid while the snapshot is held */
+    size_t probed;        /* shard indexes (or hash indexes) asked */
+    int by_hash;          /* found by sha1 or sha1_git: probed counts hash index probes */
+} ll_found_t;
+
+/* Look `name` (NUL-terminated, as the kernel hands it) up in directory
+ * `parent`. LL_FOUND (the object of the lowest-numbered shard holding it),
+ * LL_ABSENT, LL_NEED_OPEN, LL_FAILED (when no other candidate holds the key),
+ * LL_NOT_OBJECT (not a key, digest or SWHID name in a directory where
+ * objects are found, or `parent` is no directory of the layout). Only
+ * shards numbered `start` or more are asked: after opening the shard of an
+ * LL_NEED_OPEN, ask again from its number (the ones before it were asked). */
+enum ll_resolution ll_resolve_name(ll_snapshot_t *snap, uint64_t parent, const char *name, uint64_t start,
+                                   ll_found_t *found);
+
+/* The object inode `ino` names, its slot read now. LL_FOUND, LL_ABSENT
+ * (an empty or deleted slot, past the index), LL_STALE (its shard is not
+ * served: removed, replaced or never known; `for_read`: a removed shard
+ * still open here is read, for files opened before its removal), LL_NEED_OPEN,
+ * LL_FAILED, LL_NOT_OBJECT (a directory or database inode). */
+enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int for_read, ll_found_t *found);
+
+/* Bytes [offset, offset + n) of the object `found` (LL_FOUND), into buf:
+ * SFS_OK, or the status of sfs_read (SFS_EIO, SFS_EGONE: the file shrank). */
+int ll_resolve_read(const ll_found_t *found, uint64_t offset, void *buf, size_t n);
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,193 @@
+/*
+ * py_resolve.c — the Resolver type of shardfs._shardfs: the request path's
+ * resolver (ll_resolve.h) over a snapshot of a mount's shard set, for the
+ * Python handlers (shardfs.fuse.handlers.ShardFS), which use it for every
+ * object instead of a copy of their own.
+ *
+ * Each method answers a pair (code, value), code one of the module's
+ * RESOLVE_* constants:
+ *   RESOLVE_FOUND       value = (inode, size, mtime_ns, shard number, offset,
+ *                       probes) (sizes and offsets in bytes; offset: the
+ *                       object's first byte in its shard; probes: the
+ *                       shard indexes, or hash indexes, asked); read():
+ *                       value = bytes
+ *   RESOLVE_ABSENT      no such object (value None)
+ *   RESOLVE_STALE       an inode of a shard no longer served (value None)
+ *   RESOLVE_OPEN        value = the shard number to open before asking again
+ *   RESOLVE_FAILED      value = (shard number, message): it cannot be read
+ *   RESOLVE_NOT_OBJECT  not an object's name or inode (value None)
+ * The GIL is released while shards are read (they may wait for the device).
+ */
+#include "ll_resolve.h"
+
+typedef struct {
+    PyObject_HEAD
+    ll_current_t current; /* the snapshot, published here alone */
+} Resolver;
+
+static ll_snapshot_t *resolver_snapshot(Resolver *self)
+{
+    ll_snapshot_t *snap = ll_snapshot_acquire(&self->current);
+    if (!snap)
+        PyErr_SetString(PyExc_ValueError, "closed resolver");
+    return snap;
+}
+
+static int Resolver_init(Resolver *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *state;
+    if (!PyArg_ParseTuple(args, "O!:Resolver", &PyTuple_Type, &state))
+        return -1;
+    ll_snapshot_t *snap = ll_snapshot_build(state);
+    if (!snap)
+        return -1;
+    ll_snapshot_publish(&self->current, snap);
+    return 0;
+}
+
+static void Resolver_dealloc(Resolver *self)
+{
+    ll_snapshot_publish(&self->current, NULL);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static const char *status_message(int status)
+{
+    return status == SFS_EGONE ? GONE_REASON : status == SFS_ECORRUPT ? "a corrupt index slot" : sfs_strstatus(status);
+}
+
+/* (code, value) for a resolution other than a read's bytes. */
+static PyObject *answer(enum ll_resolution res, const ll_found_t *f)
+{
+    switch (res) {
+    case LL_FOUND:
+        return Py_BuildValue("(i(KKLIKn))", (int)res, (unsigned long long)f->ino, (unsigned long long)f->size,
+                             (long long)f->mtime_ns, (unsigned)f->number, (unsigned long long)f->offset,
+                             (Py_ssize_t)f->probed);
+    case LL_NEED_OPEN:
+        return Py_BuildValue("(iI)", (int)res, (unsigned)f->number);
+    case LL_FAILED:
+        return Py_BuildValue("(i(Is))", (int)res, (unsigned)f->number, status_message(f->status));
+    default:
+        return Py_BuildValue("(iO)", (int)res, Py_None);
+    }
+}
+
+/* lookup(parent, name: bytes, start=0) -> (code, value): `name` in
+ * directory `parent`, asking shards numbered `start` or more. An object
+ * found starts being read (its first 128 KiB: the READ that follows). */
+static PyObject *Resolver_lookup(Resolver *self, PyObject *args)
+{
+    unsigned long long parent, start = 0;
+    const char *name;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "Ky#|K:lookup", &parent, &name, &len, &start))
+        return NULL;
+    if ((size_t)len != strlen(name))
+        return Py_BuildValue("(iO)", (int)LL_ABSENT, Py_None); /* a NUL inside: no file has that name */
+    ll_snapshot_t *snap = resolver_snapshot(self);
+    if (!snap)
+        return NULL;
+    ll_found_t f;
+    enum ll_resolution res;
+    Py_BEGIN_ALLOW_THREADS
+    res = ll_resolve_name(snap, parent, name, start, &f);
+    if (res == LL_FOUND)
+        sfs_prefetch(f.shard, f.offset, f.size < LL_PREFETCH_BYTES ? f.size : LL_PREFETCH_BYTES);
+    Py_END_ALLOW_THREADS
+    PyObject *r = answer(res, &f);
+    ll_snapshot_release(snap);
+    return r;
+}
+
+/* inode(ino, for_read=False) -> (code, value): the object inode `ino`
+ * names, its slot read now. */
+static PyObject *Resolver_inode(Resolver *self, PyObject *args)
+{
+    unsigned long long ino;
+    int for_read = 0;
+    if (!PyArg_ParseTuple(args, "K|p:inode", &ino, &for_read))
+        return NULL;
+    ll_snapshot_t *snap = resolver_snapshot(self);
+    if (!snap)
+        return NULL;
+    ll_found_t f;
+    enum ll_resolution res;
+    Py_BEGIN_ALLOW_THREADS
+    res = ll_resolve_inode(snap, ino, for_read, &f);
+    Py_END_ALLOW_THREADS
+    PyObject *r = answer(res, &f);
+    ll_snapshot_release(snap);
+    return r;
+}
+
+/* read(ino, offset, size) -> (code, value): bytes [offset, offset + size)
+ * of the object `ino` names (clipped at its end; b"" at or past it), its
+ * slot read now; a shard removed but still open here is read (files
+ * opened before its removal). */
+static PyObject *Resolver_read(Resolver *self, PyObject *args)
+{
+    unsigned long long ino;
+    long long offset;
+    Py_ssize_t want;
+    if (!PyArg_ParseTuple(args, "KLn:read", &ino, &offset, &want))
+        return NULL;
+    if (offset < 0 || want < 0) {
+        PyErr_SetString(PyExc_ValueError, "read: negative offset or size");
+        return NULL;
+    }
+    ll_snapshot_t *snap = resolver_snapshot(self);
+    if (!snap)
+        return NULL;
+    ll_found_t f;
+    enum ll_resolution res;
+    Py_BEGIN_ALLOW_THREADS
+    res = ll_resolve_inode(snap, ino, 1, &f);
+    Py_END_ALLOW_THREADS
+    PyObject *r = NULL;
+    if (res != LL_FOUND) {
+        r = answer(res, &f);
+    } else {
+        size_t n = sfs_ll_read_length(f.size, (uint64_t)offset, (size_t)want);
+        PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+        int rc = SFS_OK;
+        if (bytes) {
+            char *buf = PyBytes_AS_STRING(bytes);
+            Py_BEGIN_ALLOW_THREADS
+            rc = ll_resolve_read(&f, (uint64_t)offset, buf, n);
+            Py_END_ALLOW_THREADS
+            if (rc == SFS_OK) {
+                r = Py_BuildValue("(iN)", (int)LL_FOUND, bytes);
+            } else {
+                Py_DECREF(bytes);
+                f.status = rc;
+                r = answer(LL_FAILED, &f);
+            }
+        }
+    }
+    ll_snapshot_release(snap);
+    return r;
+}
+
+static PyMethodDef Resolver_methods[] = {
+    {"lookup", (PyCFunction)Resolver_lookup, METH_VARARGS,
+     "lookup(parent, name, start=0) -> (code, value): what `name` stands for in directory `parent`"},
+    {"inode", (PyCFunction)Resolver_inode, METH_VARARGS,
+     "inode(ino, for_read=False) -> (code, value): the object inode `ino` names, its slot read now"},
+    {"read", (PyCFunction)Resolver_read, METH_VARARGS,
+     "read(ino, offset, size) -> (code, value): the object's bytes [offset, offset + size)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject ResolverType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shardfs._shardfs.Resolver",
+    .tp_basicsize = sizeof(Resolver),
+    .tp_dealloc = (destructor)Resolver_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Resolver(state): the request path's resolver over a snapshot of a mount's shard set "
+              "(state: ShardFS.fast_state()); see lookup, inode, read",
+    .tp_methods = Resolver_methods,
+    .tp_init = (initproc)Resolver_init,
+    .tp_new = PyType_GenericNew,
+};

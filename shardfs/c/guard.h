@@ -13,7 +13,11 @@
  *
  * runs the second argument; if it raises SIGBUS, execution resumes in the
  * first argument instead (the faulting call is abandoned: it must not hold
- * locks or own memory at that point; the read paths do not).
+ * locks or own memory at that point; the read paths do not). A function of
+ * the core that must own memory while it touches a mapping (hash_large in
+ * hashindex.c: a 1 MiB buffer) allocates it before an SFS_GUARDED of its
+ * own and frees it after, on both paths, then hands the fault on to the
+ * caller's guard with sfs_guard_pass_on.
  *
  * How: a per-thread pointer to a sigjmp_buf, set for the duration of the
  * guarded call; a process-wide SIGBUS handler (sigaction, SA_SIGINFO |
@@ -63,5 +67,17 @@ int sfs_guard_install(void) __attribute__((visibility("hidden")));
             on_fault;                                                                              \
         }                                                                                          \
     } while (0)
+
+/* Hand a SIGBUS caught by an inner SFS_GUARDED (whose on_fault released
+ * what its frame owned) on to the guarded call around it, as the handler
+ * would have: jumps there; returns only when there is none. */
+static inline void sfs_guard_pass_on(void)
+{
+    sigjmp_buf *env = sfs_guard_env;
+    if (env) {
+        sfs_guard_env = NULL;
+        siglongjmp(*env, 1);
+    }
+}
 
 #endif

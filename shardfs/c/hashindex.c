@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "hashindex.h"
 
+#include "guard.h"
 #include "internal.h"
 
 #include <errno.h>
@@ -141,6 +142,45 @@ static int hasher_new(hasher_t *h, int want_sha1, int want_git)
     return 0;
 }
 
+/* Feed the `size` bytes at `off` of `shard` to `ctx`, HASH_CHUNK at a time
+ * through `buf`. */
+static int hash_chunks(const sfs_shard_t *shard, EVP_MD_CTX *ctx, uint64_t off, uint64_t size, uint8_t *buf)
+{
+    int rc = SFS_OK;
+    for (uint64_t done = 0; rc == SFS_OK && done < size;) {
+        size_t len = size - done < HASH_CHUNK ? (size_t)(size - done) : HASH_CHUNK;
+        rc = sfs_read(shard, off + done, buf, len);
+        if (rc == SFS_OK && !EVP_DigestUpdate(ctx, buf, len))
+            rc = SFS_ENOMEM;
+        done += len;
+    }
+    return rc;
+}
+
+/* hash_chunks through a buffer of its own. Called under the caller's
+ * SFS_GUARDED (guard.h), which abandons the frames below it if the shard
+ * shrinks under a read (sfs_read copies short ranges, such as the last
+ * part of an object, from the mapping: SIGBUS past the new end). The
+ * buffer is allocated before a guard of this frame and freed after it, on
+ * both paths; a fault is then handed on to the caller's guard. Not inlined:
+ * no other local of the callers lives across the sigsetjmp. */
+static __attribute__((noinline)) int hash_large(const sfs_shard_t *shard, EVP_MD_CTX *ctx, uint64_t off,
+                                                uint64_t size)
+{
+    uint8_t *const buf = malloc(HASH_CHUNK); /* set before the guard: kept by the jump */
+    if (!buf)
+        return SFS_ENOMEM;
+    volatile int rc = SFS_OK, gone = 0;
+    SFS_GUARDED(gone = 1, rc = hash_chunks(shard, ctx, off, size, buf));
+    free(buf);
+    if (gone) {
+        sfs_guard_pass_on();
+        errno = EIO; /* no guard around: the file shrank, as sfs_read says when pread finds it shorter */
+        return SFS_EIO;
+    }
+    return rc;
+}
+
 /* Digest of kind `kind` of the `size` bytes at `off` of `shard`. */
 static int hash_object(const sfs_shard_t *shard, uint64_t off, uint64_t size, int kind,
                        uint8_t out[SFS_HX_DIGEST_SIZE])
@@ -160,17 +200,7 @@ static int hash_object(const sfs_shard_t *shard, uint64_t off, uint64_t size, in
         if (size && !EVP_DigestUpdate(ctx, mapped, (size_t)size))
             rc = SFS_ENOMEM;
     } else {
-        uint8_t *buf = malloc(HASH_CHUNK);
-        if (!buf)
-            rc = SFS_ENOMEM;
-        for (uint64_t done = 0; rc == SFS_OK && done < size;) {
-            size_t len = size - done < HASH_CHUNK ? (size_t)(size - done) : HASH_CHUNK;
-            rc = sfs_read(shard, off + done, buf, len);
-            if (rc == SFS_OK && !EVP_DigestUpdate(ctx, buf, len))
-                rc = SFS_ENOMEM;
-            done += len;
-        }
-        free(buf);
+        rc = hash_large(shard, ctx, off, size);
     }
     if (rc == SFS_OK && !EVP_DigestFinal_ex(ctx, out, NULL))
         rc = SFS_ENOMEM;

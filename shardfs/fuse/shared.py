@@ -14,7 +14,12 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
   the one it replaces): requests served by kind (counted by the C request
   path of every thread of the worker, atomically), the shard set's lookups
   and index probes, objects pushed ahead into the kernel's page cache and
-  pushes the kernel refused.
+  pushes the kernel refused. Lookups, index probes and hash probes are
+  counted by both sides of a worker, each in words of its own: the C
+  request path adds atomically to its words from every thread, the Python
+  handlers (one request at a time) to theirs; `lookups` and `hash_probes`
+  add the two up. (A read-modify-write from Python of a word C adds to
+  would lose every C add landing between its read and its write.)
 * **A ring of inodes per worker position**, for objects read from a winery
   database (`shardfs.fuse.winery`): such an object has no shard slot to
   name it, so the worker that first answers for it gives it the next
@@ -57,11 +62,16 @@ SEQ = 0
 _TABLE_LEN = 1
 ROW_WORDS = 64
 # Row layout: LOOKUPS..HASH_PROBES are the words the C request path
-# counts in (shardfs/c/ll_fast.c: lookups, index probes, objects pushed
-# into the kernel's page cache ahead of their reads, pushes the kernel
-# refused, hash index probes of lookups by sha1 or sha1_git).
+# counts in (shardfs/c/ll_fast.c, atomically: lookups, index probes,
+# objects pushed into the kernel's page cache ahead of their reads, pushes
+# the kernel refused, hash index probes of lookups by sha1 or sha1_git);
+# RING_NEXT is the worker's ring's last number; KINDS.. the requests by
+# kind (C, atomically); PY_LOOKUPS, PY_PROBES, PY_HASH_PROBES the lookups,
+# index probes and hash probes of the Python handlers (WorkerHooks.end).
 LOOKUPS, PROBES, PUSHED, PUSH_REFUSED, HASH_PROBES, RING_NEXT = 2, 3, 4, 5, 6, 7
 KINDS = 8
+PY_LOOKUPS, PY_PROBES, PY_HASH_PROBES = 36, 37, 38
+assert KINDS + len(REQUEST_KINDS) <= PY_LOOKUPS and PY_HASH_PROBES < ROW_WORDS
 
 
 class SharedState:
@@ -149,13 +159,18 @@ class SharedState:
         return [sum(self.words[self.row(p) + KINDS:self.row(p) + KINDS + n]) for p in range(self.workers)]
 
     def lookups(self) -> Tuple[int, int]:
-        """(lookups, index probes) over every worker."""
+        """(lookups, index probes) over every worker, of C and Python."""
+        words = self.words
         rows = [self.row(p) for p in range(self.workers)]
-        return (sum(self.words[r + LOOKUPS] for r in rows), sum(self.words[r + PROBES] for r in rows))
+        return (sum(words[r + LOOKUPS] + words[r + PY_LOOKUPS] for r in rows),
+                sum(words[r + PROBES] + words[r + PY_PROBES] for r in rows))
 
     def hash_probes(self) -> int:
-        """Hash indexes asked by lookups by sha1 or sha1_git, over every worker."""
-        return sum(self.words[self.row(p) + HASH_PROBES] for p in range(self.workers))
+        """Hash indexes asked by lookups by sha1 or sha1_git, over every
+        worker, of C and Python."""
+        words = self.words
+        return sum(words[r + HASH_PROBES] + words[r + PY_HASH_PROBES]
+                   for r in (self.row(p) for p in range(self.workers)))
 
     def pushes(self) -> Tuple[int, int]:
         """(objects pushed ahead of their reads into the kernel's page

@@ -39,7 +39,7 @@ from typing import Any, Dict
 
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.shardset import MountedShard, ShardSet
-from shardfs.fuse.shared import HASH_PROBES, LOOKUPS, PROBES, SEQ, SharedState
+from shardfs.fuse.shared import HASH_PROBES, LOOKUPS, PY_HASH_PROBES, PY_LOOKUPS, PY_PROBES, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -81,17 +81,19 @@ class WorkerHooks(RequestHooks):
             self.sync()
 
     def end(self) -> None:
-        # The row also counts the lookups the C request path answers
-        # alone: add what the shard set counted since the last request.
+        # Add what the shard set counted since the last request to the
+        # row's Python words: the C request path adds to words of its own
+        # (LOOKUPS, PROBES, HASH_PROBES) from its threads meanwhile, and
+        # the readers add the two up (shared.py).
         words = self.words
         row = self.row
         lookups, probes = self.shards.lookups, self.shards.probes
-        words[row + LOOKUPS] += lookups - self.last_lookups
-        words[row + PROBES] += probes - self.last_probes
+        words[row + PY_LOOKUPS] += lookups - self.last_lookups
+        words[row + PY_PROBES] += probes - self.last_probes
         self.last_lookups, self.last_probes = lookups, probes
         if self.shards.hashes is not None:
             hashed = self.shards.hashes.probes
-            words[row + HASH_PROBES] += hashed - self.last_hash_probes
+            words[row + PY_HASH_PROBES] += hashed - self.last_hash_probes
             self.last_hash_probes = hashed
 
     def requests(self) -> Dict[str, int]:
@@ -233,6 +235,8 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
         hooks.sync()
         log.debug("worker %d (position %d) serving with up to %d threads", os.getpid(), position, threads)
         row = state.row(position)
+        # The C request path's own words (stats[0..4] of ll_fast.c); the
+        # handlers count in the row's PY_ words (end above).
         rc = session.serve(threads, counts=state.counts(position), seq=state.words[SEQ:SEQ + 1],
                            stats=state.words[row + LOOKUPS:row + HASH_PROBES + 1])
         status = 0 if rc == 0 else 1

@@ -13,9 +13,14 @@
  * make a lookup read outside the file (the sanitizers watch) nor find a
  * wrong object; truncated files, damaged headers and another shard's index
  * are refused at open. The 40-bit prefixes are the digests' own, sorted
- * and distinct. Lookups from several threads at once.
+ * and distinct. Lookups from several threads at once. A shard that shrinks
+ * while an object larger than the 1 MiB hashing chunk is being hashed
+ * (SIGBUS past the new end, caught by guard.h's SFS_GUARDED) answers
+ * SFS_EGONE and leaves no memory behind (the leak check of make test-asan
+ * and make test-valgrind).
  */
 #define _GNU_SOURCE
+#include "guard.h"
 #include "hashindex.h"
 #include "shard.h"
 
@@ -23,7 +28,10 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <malloc.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -291,6 +299,97 @@ static void test_threads(sfs_shard_t *s, const char *path)
     sfs_hashindex_close(hx);
 }
 
+/* The file shrinking in the middle of a hash, made deterministic: every
+ * pread of this program (the C core's too: it is linked in, so this
+ * definition is the one its calls reach) goes to the system call; when
+ * shrink_path is set, the first pread of shrink_len bytes or more is
+ * followed by truncating that file to shrink_to bytes (once). */
+static const char *shrink_path;
+static size_t shrink_len;
+static off_t shrink_to;
+static int shrunk;
+
+ssize_t pread(int fd, void *buf, size_t count, off_t offset)
+{
+    ssize_t n = syscall(SYS_pread64, fd, buf, count, offset);
+    if (shrink_path && !shrunk && count >= shrink_len) {
+        shrunk = truncate(shrink_path, shrink_to) == 0 ? 1 : -1;
+        shrink_path = NULL;
+    }
+    return n;
+}
+
+/* An object of 1 MiB + 16 KiB is hashed in two reads: the first MiB with
+ * pread, then the last 16 KiB (sfs_read copies a range that short from the
+ * mapping). The shard is truncated to one page between the two: the copy
+ * touches a page past the new end, SIGBUS. Under SFS_GUARDED (`guarded`,
+ * as the extension calls it) that is SFS_EGONE; with the handler installed
+ * but no guard around the call, sfs_hash_find answers SFS_EIO. Either way
+ * the 1 MiB buffer the first part was read into must be freed: the leak
+ * checkers of make test-asan and test-valgrind report it otherwise, and
+ * without them glibc's count of the bytes in use (mallinfo2; zero under
+ * the sanitizers and valgrind, which replace malloc) must not grow by it. */
+static void test_shrinks_while_hashing(int guarded)
+{
+    char *path = strdup(path_of("gone.shard")), *p1 = strdup(path_of("gone.sha1"));
+    size_t big = (1u << 20) + (16u << 10);
+    uint8_t *data = malloc(big), key[32], d[20];
+    for (size_t j = 0; j < big; j++)
+        data[j] = (uint8_t)(next_rand() >> 11);
+    digest(data, big, 0, d);
+    sfs_writer_t *w;
+    sfs_shard_t *s = NULL;
+    sfs_hashindex_t *hx = NULL;
+    sfs_error_t err;
+    int ok = sfs_writer_open(path, &w, &err) == SFS_OK;
+    for (int i = 0; ok && i < 3; i++) {
+        rand_key(key);
+        ok = sfs_writer_add(w, key, data, i == 1 ? big : 100 + (size_t)i, &err) == SFS_OK;
+    }
+    if (ok)
+        ok = sfs_writer_finish(w, NULL, &err) == SFS_OK;
+    else
+        sfs_writer_abort(w);
+    free(data);
+    const char *paths[2] = {p1, NULL};
+    if (ok && sfs_open(path, 0, &s, &err) == SFS_OK &&
+        sfs_hashindex_build(s, identity, paths, NULL, NULL, &err) == SFS_OK &&
+        sfs_hashindex_open(p1, identity, sfs_slot_count(s), &hx, &err) == SFS_OK && sfs_guard_install() == 0) {
+        uint32_t slot = 0;
+        uint64_t off = 0, size = 0;
+        volatile int rc = -1;
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_hash_find(s, hx, d, &slot, &off, &size, &err));
+        CHECK(rc == SFS_OK && size == big, "before the truncation: rc %d, size %llu", rc, (unsigned long long)size);
+        shrink_path = path;
+        shrink_len = 1u << 20;
+        shrink_to = 4096;
+        shrunk = 0;
+        rc = -1;
+        struct mallinfo2 m0 = mallinfo2();
+        if (guarded)
+            SFS_GUARDED(rc = SFS_EGONE, rc = sfs_hash_find(s, hx, d, &slot, &off, &size, &err));
+        else
+            rc = sfs_hash_find(s, hx, d, &slot, &off, &size, &err);
+        struct mallinfo2 m1 = mallinfo2();
+        size_t before = m0.uordblks + m0.hblkhd, after = m1.uordblks + m1.hblkhd;
+        CHECK(after < before + (512u << 10), "%zu bytes more in use after the hash cut short", after - before);
+        CHECK(shrunk == 1, "the shard was not truncated during the hash (%d)", shrunk);
+        if (guarded)
+            CHECK(rc == SFS_EGONE, "shrunk while hashing, guarded: rc %d, not SFS_EGONE", rc);
+        else
+            CHECK(rc == SFS_EIO && err.sys_errno == EIO,
+                  "shrunk while hashing, no guard: rc %d (errno %d), not SFS_EIO", rc, err.sys_errno);
+        shrink_path = NULL;
+    } else {
+        CHECK(0, "cannot make the shard and hash index of the shrinking test: %s", err.message);
+    }
+    sfs_hashindex_close(hx);
+    if (s)
+        sfs_close(s);
+    free(path);
+    free(p1);
+}
+
 int main(void)
 {
     if (make_test_dir("shardfs-hashindex-test") != 0)
@@ -312,6 +411,8 @@ int main(void)
     test_damaged(s, p2);
     test_threads(s, p2);
     sfs_close(s);
+    test_shrinks_while_hashing(1);
+    test_shrinks_while_hashing(0);
     printf("%d passed, %d failed\n", passed, failed);
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);

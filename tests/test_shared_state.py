@@ -1,0 +1,109 @@
+"""The memory a mount's processes share (shardfs.fuse.shared), without a
+mount: the counters of a worker's row stay exact when the C request path
+and the Python handlers count at the same time.
+
+The C request path of a worker counts its lookups, index probes and hash
+probes with relaxed atomic adds (shardfs/c/ll_fast.c), from every thread
+serving, in the words worker.py gives it; the Python handlers
+(`WorkerHooks.end`, one request at a time) add what the shard set counted.
+Here a small C library compiled for the test does the C side's adds, the
+same instructions on the same words, from threads that do not hold the GIL,
+while this thread calls `WorkerHooks.end` many thousand times; then the
+totals read through `SharedState` must be every add of both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import threading
+import types
+
+import pytest
+
+pytest.importorskip("shardfs")
+
+from shardfs.fuse.shared import HASH_PROBES, LOOKUPS, SharedState  # noqa: E402
+from shardfs.fuse.worker import WorkerHooks  # noqa: E402
+
+#: What ll_fast.c does for each lookup it answers: stats[0] lookups,
+#: stats[1] index probes, stats[4] hash index probes (relaxed atomics),
+#: here in a loop until *stop is set; returns the rounds made.
+COUNTER_C = r"""
+#include <stdint.h>
+int64_t count_until(int64_t *stats, const int *stop, int *started)
+{
+    int64_t n = 0;
+    __atomic_store_n(started, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(stop, __ATOMIC_ACQUIRE)) {
+        __atomic_fetch_add(&stats[0], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&stats[1], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&stats[4], 1, __ATOMIC_RELAXED);
+        n++;
+    }
+    return n;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory):
+    d = tmp_path_factory.mktemp("counter")
+    (d / "counter.c").write_text(COUNTER_C)
+    cc = os.environ.get("CC", "gcc")
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(d / "counter.so"), str(d / "counter.c")], check=True)
+    lib = ctypes.CDLL(str(d / "counter.so"))  # calls release the GIL
+    lib.count_until.restype = ctypes.c_int64
+    lib.count_until.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+def test_counts_of_c_and_python_in_one_row_are_all_kept(counter):
+    """Two C threads count into worker 1's row (the words worker.py gives
+    the C request path) while this thread runs the worker's end-of-request
+    hook 200,000 times, each after the shard set counted one lookup, two
+    index probes and one hash probe. The mount's totals must hold every
+    count of both: a read-modify-write of a word the C side adds to loses
+    the adds that land between its read and its write."""
+    state = SharedState(3)
+    position, rounds = 1, 200_000
+    row = state.row(position)
+    shards = types.SimpleNamespace(lookups=0, probes=0, hashes=types.SimpleNamespace(probes=0))
+    hooks = WorkerHooks(shards, state, position, coordinator=os.getpid())
+    hooks.start()
+    words = state.words[row + LOOKUPS:row + HASH_PROBES + 1]  # as worker.run gives it to Session.serve
+    stats = (ctypes.c_int64 * len(words)).from_buffer(words)
+    stop = ctypes.c_int(0)
+    started = [ctypes.c_int(0) for _ in range(2)]
+    done = [0, 0]
+
+    def c_thread(i: int) -> None:
+        done[i] = counter.count_until(ctypes.addressof(stats), ctypes.addressof(stop),
+                                      ctypes.addressof(started[i]))
+
+    threads = [threading.Thread(target=c_thread, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        while not all(s.value for s in started):
+            pass
+        for _ in range(rounds):
+            shards.lookups += 1
+            shards.probes += 2
+            shards.hashes.probes += 1
+            hooks.end()
+    finally:
+        stop.value = 1
+        for t in threads:
+            t.join()
+    c_rounds = sum(done)
+    assert c_rounds > 0
+    lookups, probes = state.lookups()
+    assert (lookups - c_rounds - rounds, probes - c_rounds - 2 * rounds) == (0, 0), \
+        f"counts lost: {c_rounds + rounds - lookups} lookups, {c_rounds + 2 * rounds - probes} probes " \
+        f"of {c_rounds} C rounds and {rounds} Python ones"
+    assert state.hash_probes() == c_rounds + rounds
+    del stats
+    words.release()
+    state.close()

@@ -1006,3 +1006,20 @@ void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
 done:
     __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
 }
+
+int ll_fast_is_dir(Session *s, fuse_ino_t ino)
+{
+    struct ll_fast *f = s->fast;
+    if (!f)
+        return -1;
+    uint64_t prefix;
+    int dir = -1;
+    /* The layout and the hash directories are the mount's, the same in
+     * every snapshot: one taken before the latest shard table tells too. */
+    pthread_rwlock_rdlock(&sfs_table_lock);
+    if (f->enabled)
+        dir = sfs_ll_split_dir(&f->layout, ino, &prefix) >= 0 || ino == f->hashes[0].dir_ino ||
+              ino == f->hashes[1].dir_ino;
+    table_read_unlock();
+    return dir;
+}

@@ -14,7 +14,9 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
   the one it replaces): requests served by kind (counted by the C request
   path of every thread of the worker, atomically), the shard set's lookups
   and index probes, objects pushed ahead into the kernel's page cache and
-  pushes the kernel refused.
+  pushes the kernel refused, and the requests that reached the worker's
+  Python handlers, by handler (written by those handlers, which run one at
+  a time in a worker: one writer).
 * **A ring of inodes per worker position**, for objects read from a winery
   database (`shardfs.fuse.winery`): such an object has no shard slot to
   name it, so the worker that first answers for it gives it the next
@@ -42,6 +44,11 @@ REQUEST_KINDS = (
     "removexattr", "ioctl", "other",
 )
 
+#: Requests that reached the Python handlers (shardfs.fuse.handlers.ShardFS:
+#: what the C request path does not answer alone), counted per worker by
+#: handler name, in this order; "other" for a handler not listed.
+PYTHON_KINDS = ("lookup", "getattr", "read", "readdir", "statfs", "access", "getxattr", "listxattr", "other")
+
 #: Most worker processes a mount may have.
 MAX_WORKERS = 64
 #: Bytes the shard table may take (JSON; ~200 bytes per shard).
@@ -62,6 +69,9 @@ ROW_WORDS = 64
 # refused, hash index probes of lookups by sha1 or sha1_git).
 LOOKUPS, PROBES, PUSHED, PUSH_REFUSED, HASH_PROBES, RING_NEXT = 2, 3, 4, 5, 6, 7
 KINDS = 8
+#: First word of a row's PYTHON_KINDS counters (after the REQUEST_KINDS ones).
+PYTHON = KINDS + len(REQUEST_KINDS)
+assert PYTHON + len(PYTHON_KINDS) <= ROW_WORDS
 
 
 class SharedState:
@@ -138,6 +148,18 @@ class SharedState:
         for position in range(self.workers):
             base = self.row(position) + KINDS
             for i, kind in enumerate(REQUEST_KINDS):
+                n = self.words[base + i]
+                if n:
+                    out[kind] = out.get(kind, 0) + n
+        return out
+
+    def python_requests(self) -> Dict[str, int]:
+        """Requests that reached the Python handlers of every worker, by
+        handler (PYTHON_KINDS; kinds never seen left out)."""
+        out: Dict[str, int] = {}
+        for position in range(self.workers):
+            base = self.row(position) + PYTHON
+            for i, kind in enumerate(PYTHON_KINDS):
                 n = self.words[base + i]
                 if n:
                     out[kind] = out.get(kind, 0) + n

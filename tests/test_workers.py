@@ -150,10 +150,11 @@ def test_interleaved_readers_every_byte_right(mixed, mounter, tmp_path):
 def test_lookups_counted_exactly_by_c_and_python(mounter, tmp_path):
     """Every LOOKUP is counted once in the stats (`lookups`), whichever
     side of a worker answered it, while both answer at once. 70 shards hold
-    12,000 objects in common and 500 of their own each: a key that more
-    than 64 shards hold (LOOKUP_STACK, shardfs/c/py_module.h) is left by
-    the C request path to the Python handlers, the others are answered by
-    C. 16 threads stat every key once, in random order (one LOOKUP each:
+    12,000 objects in common and 500 of their own each, mounted by
+    processes that may keep 68 shards open (RLIMIT_NOFILE 90,
+    `default_max_open`): a lookup whose candidate is not open is answered by
+    the Python handlers (they open it, closing another), the others by C.
+    16 threads stat every key once, in random order (one LOOKUP each:
     the kernel caches the entry for a year); `lookups` must grow by exactly
     as many. When the handlers added their counts with a read-modify-write
     of the word the C threads add to atomically (before shared.py gave each
@@ -167,11 +168,20 @@ def test_lookups_counted_exactly_by_c_and_python(mounter, tmp_path):
         path = tmp_path / f"s{i:02}.shard"
         objects.update(build_shard(path, common + make_blobs(100 + i, 500, 0, 100, tag=b"own%d" % i)))
         paths.append(path)
-    point = mounter.mount(paths, tmp_path / "m")
+    point = tmp_path / "m"
+
+    def limit_descriptors() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (90, 90))
+
+    proc = mounter.command(SHARDFS + ["mount", *map(str, paths), str(point)], point, preexec_fn=limit_descriptors)
+    assert proc.returncode == 0, proc.stderr
     assert wait_until(lambda: stats(point)["sidecars"] == len(paths), timeout=60), stats(point)
     keys = sorted(objects)
     random.Random(5).shuffle(keys)
     before = stats(point)["lookups"]
+    python_before = stats(point)["python"].get("lookup", 0)
     errors: list = []
 
     def stat_all(part: list) -> None:
@@ -190,6 +200,7 @@ def test_lookups_counted_exactly_by_c_and_python(mounter, tmp_path):
     assert not any(t.is_alive() for t in threads), "a stat hung"
     assert errors == []
     assert stats(point)["lookups"] - before == len(keys) == 12_000 + 70 * 500
+    assert stats(point)["python"].get("lookup", 0) - python_before >= 100, "the handlers answered too few"
 
 
 def test_readdir_resumes_across_workers(mounter, tmp_path):

@@ -6,11 +6,13 @@
  * the kernel notifications) through the operations of py_ll_ops.c. Each
  * request is parsed and answered in C, on the thread of libfuse's loop
  * that read it; what C answers alone (OPEN, OPENDIR, IOCTL, FORGET, every
- * write, and LOOKUP, GETATTR and READ of objects in shards open in the
- * process: ll_fast.c) runs with the GIL not held. The rest (listings,
- * extended attributes, statfs, objects of a winery database, a shard set to
- * bring up to date) calls the mount's Python handlers
- * (shardfs.fuse.handlers.ShardFS), one at a time per process.
+ * write, GETXATTR of a name the inode does not have, LISTXATTR of a
+ * directory other than the root, and LOOKUP, GETATTR and READ of objects in
+ * shards open in the process: ll_fast.c) runs with the GIL not held. The
+ * rest (listings, the extended attributes of LL_XATTR_*, statfs, objects of
+ * a winery database, a shard set to bring up to date) calls the mount's
+ * Python handlers (shardfs.fuse.handlers.ShardFS), one at a time per
+ * process.
  *
  * Objects are served in the kernel's "no-open" mode: OPEN is answered
  * ENOSYS, after which the kernel sends no OPEN, FLUSH or RELEASE for the
@@ -62,6 +64,17 @@ typedef struct {
     int storing;              /* threads pushing bytes now (atomic) */
 } Session;
 
+/* The extended attributes a mount has, answered by the handlers (which
+ * take these names from the module: shardfs._shardfs.XATTR_*): on the
+ * root, the requests served by kind and the stats, both JSON; on an object
+ * of a shard, the shard's path and the offset of the object's first byte
+ * in it, decimal. Any other name, a root's name asked of another inode and
+ * an object's asked of a directory are ENODATA, answered in C. */
+#define LL_XATTR_REQUESTS "user.shardfs.requests"
+#define LL_XATTR_STATS "user.shardfs.stats"
+#define LL_XATTR_SHARD "user.shardfs.shard"
+#define LL_XATTR_OFFSET "user.shardfs.offset"
+
 /* Bytes of an object pushed into the kernel's page cache when an IOCTL
  * on it is answered (see py_ll_ops.c). */
 #define LL_STORE_BYTES (128 * 1024)
@@ -99,6 +112,11 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want);
  * objects of that order (each of at most 128 KiB) into the kernel's page
  * cache, so that their reads send no READ. */
 void ll_fast_push_ahead(Session *s, fuse_ino_t ino);
+/* Whether inode `ino` is a directory (of the layout, or MOUNT/sha1 and
+ * MOUNT/sha1_git): 1 or 0; -1 when the process cannot tell without the
+ * handlers (no snapshot: a winery mount, before serve(), after a refresh
+ * that failed). */
+int ll_fast_is_dir(Session *s, fuse_ino_t ino);
 
 /* A fast path reading the published table sequence at `seq` (NULL: none
  * to follow) and counting lookups, index probes, objects pushed ahead,

@@ -515,3 +515,17 @@ done:
     ll_snapshot_release(snap);
     __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
 }
+
+int ll_fast_is_dir(Session *s, fuse_ino_t ino)
+{
+    /* The layout and the hash directories are the mount's, the same in
+     * every snapshot: one taken before the latest shard table tells too. */
+    ll_snapshot_t *snap = s->fast ? ll_snapshot_acquire(&s->fast->current) : NULL;
+    if (!snap)
+        return -1;
+    uint64_t prefix;
+    int dir = sfs_ll_split_dir(&snap->layout, ino, &prefix) >= 0 || ino == snap->hashes[0].dir_ino ||
+              ino == snap->hashes[1].dir_ino;
+    ll_snapshot_release(snap);
+    return dir;
+}

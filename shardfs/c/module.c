@@ -247,7 +247,11 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddIntConstant(m, "SLOT_SIZE", SFS_SLOT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SIZE_FIELD_SIZE", SFS_SIZE_FIELD_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "RBD_BUILT", sfs_rbd_built()) < 0 ||
-        PyModule_AddIntConstant(m, "SIDECAR_IDENTITY_SIZE", SFS_SIDECAR_IDENTITY_SIZE) < 0) {
+        PyModule_AddIntConstant(m, "SIDECAR_IDENTITY_SIZE", SFS_SIDECAR_IDENTITY_SIZE) < 0 ||
+        PyModule_AddStringConstant(m, "XATTR_REQUESTS", LL_XATTR_REQUESTS) < 0 ||
+        PyModule_AddStringConstant(m, "XATTR_STATS", LL_XATTR_STATS) < 0 ||
+        PyModule_AddStringConstant(m, "XATTR_SHARD", LL_XATTR_SHARD) < 0 ||
+        PyModule_AddStringConstant(m, "XATTR_OFFSET", LL_XATTR_OFFSET) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -8,7 +8,9 @@
  * CPython's open() asks every file whether it is a terminal, and the
  * kernel forwards each such ioctl; the object's first bytes are pushed
  * into the page cache first, see ll_ioctl), FORGET (inodes carry their location:
- * nothing to forget), FLUSH and RELEASE (never sent in no-open mode), and
+ * nothing to forget), FLUSH and RELEASE (never sent in no-open mode),
+ * GETXATTR of a name the inode does not have (ENODATA) and LISTXATTR of a
+ * directory other than the root (none; see ll_getxattr, ll_listxattr), and
  * every write (EROFS). LOOKUP, GETATTR and READ try ll_fast.c first.
  *
  * The rest calls the Python handlers (shardfs.fuse.handlers.ShardFS) under
@@ -19,6 +21,7 @@
  * EIO.
  */
 #include "ll.h"
+#include "ll_names.h"
 
 #include <sys/stat.h>
 
@@ -385,10 +388,40 @@ static void reply_xattr_value(fuse_req_t req, const char *data, size_t len, size
         fuse_reply_buf(req, data, len);
 }
 
+/* Whose extended attribute (ll.h) `name` is: the root's, an object's, or
+ * no inode's. */
+enum ll_xattr { XATTR_NONE, XATTR_ROOT, XATTR_OBJECT };
+
+static enum ll_xattr xattr_kind(const char *name)
+{
+    if (strcmp(name, LL_XATTR_REQUESTS) == 0 || strcmp(name, LL_XATTR_STATS) == 0)
+        return XATTR_ROOT;
+    if (strcmp(name, LL_XATTR_SHARD) == 0 || strcmp(name, LL_XATTR_OFFSET) == 0)
+        return XATTR_OBJECT;
+    return XATTR_NONE;
+}
+
 static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
     Session *s = fuse_req_userdata(req);
     ll_count(s, LL_GETXATTR);
+    /* ls -l, cp -a, rsync -X and the kernel ask every file for names it
+     * does not have (security.selinux, system.posix_acl_access,
+     * security.capability): ENODATA here, not one at a time in the
+     * handlers (ENODATA, not ENOSYS, which would make the kernel stop
+     * asking for any name). So are a root's name asked of another inode
+     * and an object's asked of a directory (the root always; another one
+     * when the snapshot tells: else the handlers say so). What is left
+     * needs the handlers: the JSON of the root; the shard of an object,
+     * read from its slot now (a takedown is seen at once; ENOENT, ESTALE;
+     * a winery database's object has none: ENODATA). */
+    enum ll_xattr kind = xattr_kind(name);
+    int root = ino == SFS_LL_ROOT_INODE;
+    if (kind == XATTR_NONE || (kind == XATTR_ROOT && !root) ||
+        (kind == XATTR_OBJECT && (root || ll_fast_is_dir(s, ino) == 1))) {
+        fuse_reply_err(req, ENODATA);
+        return;
+    }
     PyGILState_STATE gs = py_enter(s);
     PyObject *r = PyObject_CallMethod(s->fs, "getxattr", "Ky", (unsigned long long)ino, name);
     if (!r) {
@@ -407,6 +440,13 @@ static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
     Session *s = fuse_req_userdata(req);
     ll_count(s, LL_LISTXATTR);
+    /* cp -a and rsync -X list every directory: none but the root has a
+     * name. The root's list and an object's (which checks its slot) are the
+     * handlers'. */
+    if (ino != SFS_LL_ROOT_INODE && ll_fast_is_dir(s, ino) == 1) {
+        reply_xattr_value(req, "", 0, size);
+        return;
+    }
     PyGILState_STATE gs = py_enter(s);
     PyObject *r = PyObject_CallMethod(s->fs, "listxattr", "K", (unsigned long long)ino);
     /* the names, each followed by a NUL */

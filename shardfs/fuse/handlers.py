@@ -16,8 +16,10 @@ slot when needed.
 The requests are parsed and answered by the C request path
 (``shardfs._shardfs.Session``, ``shardfs/c/ll.h``): it serves alone what
 needs no Python (OPEN is answered ENOSYS, the kernel's no-open mode: no
-OPEN, FLUSH or RELEASE ever reaches the daemon; IOCTL, FORGET, writes; and
-LOOKUP, GETATTR and READ of objects in shards open in the process), and
+OPEN, FLUSH or RELEASE ever reaches the daemon; IOCTL, FORGET, writes;
+GETXATTR of a name the inode does not have, LISTXATTR of a directory other
+than the root; and LOOKUP, GETATTR and READ of objects in shards open in
+the process), and
 calls these handlers for the rest, one at a time per process, from any of
 its threads. Each handler returns plain values (an entry is ``(inode,
 is_dir, size, time_ns)``) or raises `FUSEError`. Several processes serve
@@ -82,16 +84,18 @@ CACHE_TIMEOUT = 365 * 86400.0
 #: names the kernel had looked up before.
 ENTRY_TIMEOUT = 1.0
 
+# The extended attributes are named once, in C (shardfs/c/ll.h), where
+# the request path answers every other name ENODATA without these handlers.
 #: Extended attribute of the root: requests served, by kind, as JSON.
-REQUESTS_XATTR = b"user.shardfs.requests"
+REQUESTS_XATTR = _shardfs.XATTR_REQUESTS.encode()
 #: Extended attribute of the root: shards, sidecars, lookups and index
 #: probes, as JSON.
-STATS_XATTR = b"user.shardfs.stats"
+STATS_XATTR = _shardfs.XATTR_STATS.encode()
 #: Extended attribute of an object: the path of the shard serving it.
-SHARD_XATTR = b"user.shardfs.shard"
+SHARD_XATTR = _shardfs.XATTR_SHARD.encode()
 #: Extended attribute of an object: the byte offset of its first byte in
 #: the shard (after its 8-byte size field), decimal ASCII.
-OFFSET_XATTR = b"user.shardfs.offset"
+OFFSET_XATTR = _shardfs.XATTR_OFFSET.encode()
 
 #: Bytes of an object read ahead when it is looked up (the READ that
 #: follows asks for up to 128 KiB of it).
@@ -184,6 +188,11 @@ class RequestHooks:
 
     def requests(self) -> Dict[str, int]:
         """Requests served since the mount, by kind."""
+        return dict(self.counts)
+
+    def python_requests(self) -> Dict[str, int]:
+        """Requests that reached these handlers since the mount, by
+        handler name (here: every request counted)."""
         return dict(self.counts)
 
     def lookups(self) -> Tuple[int, int]:
@@ -873,8 +882,10 @@ class ShardFS:
         lookups and index probes made by them, objects in the headers,
         objects pushed into the kernel's page cache ahead of a reader in
         listing order and pushes the kernel refused (it had dropped the
-        inode: that object is READ instead), and the requests served by
-        each worker process (a list)."""
+        inode: that object is READ instead), the requests served by
+        each worker process (a list), and the requests that reached the
+        Python handlers, by handler (``"python": {"getxattr": 3, ...}``;
+        the rest were answered by the C request path alone)."""
         served = self.shards.served()
         lookups, probes = self.hooks.lookups()
         pushed, refused = self.hooks.pushes()
@@ -887,6 +898,7 @@ class ShardFS:
             "push_refused": refused,
             "objects": sum(m.objects_count for m in served),
             "workers": self.hooks.per_process(),
+            "python": self.hooks.python_requests(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,
             "hashes": self.shards.hashes.stats(self.hooks.hash_probes()) if self.shards.hashes is not None else None,
         }
@@ -902,6 +914,12 @@ class ShardFS:
         ``user.shardfs.offset`` (the byte offset of its first byte in the
         shard, decimal). Anything else raises FUSEError(ENODATA), not
         ENOSYS, so tools see the ordinary "no such attribute" answer.
+
+        The C request path answers most of those itself (any other name, a
+        root's name on another inode, an object's on a directory: see
+        ``ll_getxattr`` in shardfs/c/py_ll_ops.c); what reaches here is
+        checked all the same (a directory's inode in a winery mount, where
+        C does not know the layout).
         """
         if inode == ROOT_INODE:
             if name == REQUESTS_XATTR:
@@ -919,7 +937,11 @@ class ShardFS:
 
     @_handler
     def listxattr(self, inode: int) -> List[bytes]:
-        """Names of the extended attributes of `inode` (see getxattr)."""
+        """Names of the extended attributes of `inode` (see getxattr): the
+        root's two, an object's two (ENOENT, ESTALE when its slot names
+        nothing now), none for another directory (answered by the C request
+        path itself where it knows the layout) or a winery database's
+        object."""
         if inode == ROOT_INODE:
             return [REQUESTS_XATTR, STATS_XATTR]
         if self._split_dir(inode) is None:

@@ -14,8 +14,10 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
   the one it replaces): requests served by kind (counted by the C request
   path of every thread of the worker, atomically), the shard set's lookups
   and index probes, objects pushed ahead into the kernel's page cache and
-  pushes the kernel refused. Lookups, index probes and hash probes are
-  counted by both sides of a worker, each in words of its own: the C
+  pushes the kernel refused, and the requests that reached the worker's
+  Python handlers, by handler (written by those handlers, which run one at
+  a time in a worker: one writer). Lookups, index probes and hash probes
+  are counted by both sides of a worker, each in words of its own: the C
   request path adds atomically to its words from every thread, the Python
   handlers (one request at a time) to theirs; `lookups` and `hash_probes`
   add the two up. (A read-modify-write from Python of a word C adds to
@@ -47,6 +49,11 @@ REQUEST_KINDS = (
     "removexattr", "ioctl", "other",
 )
 
+#: Requests that reached the Python handlers (shardfs.fuse.handlers.ShardFS:
+#: what the C request path does not answer alone), counted per worker by
+#: handler name, in this order; "other" for a handler not listed.
+PYTHON_KINDS = ("lookup", "getattr", "read", "readdir", "statfs", "access", "getxattr", "listxattr", "other")
+
 #: Most worker processes a mount may have.
 MAX_WORKERS = 64
 #: Bytes the shard table may take (JSON; ~200 bytes per shard).
@@ -71,7 +78,10 @@ ROW_WORDS = 64
 LOOKUPS, PROBES, PUSHED, PUSH_REFUSED, HASH_PROBES, RING_NEXT = 2, 3, 4, 5, 6, 7
 KINDS = 8
 PY_LOOKUPS, PY_PROBES, PY_HASH_PROBES = 36, 37, 38
-assert KINDS + len(REQUEST_KINDS) <= PY_LOOKUPS and PY_HASH_PROBES < ROW_WORDS
+assert KINDS + len(REQUEST_KINDS) <= PY_LOOKUPS
+#: First word of a row's PYTHON_KINDS counters (after the Python handlers' lookups and probes).
+PYTHON = PY_HASH_PROBES + 1
+assert PYTHON + len(PYTHON_KINDS) <= ROW_WORDS
 
 
 class SharedState:
@@ -148,6 +158,18 @@ class SharedState:
         for position in range(self.workers):
             base = self.row(position) + KINDS
             for i, kind in enumerate(REQUEST_KINDS):
+                n = self.words[base + i]
+                if n:
+                    out[kind] = out.get(kind, 0) + n
+        return out
+
+    def python_requests(self) -> Dict[str, int]:
+        """Requests that reached the Python handlers of every worker, by
+        handler (PYTHON_KINDS; kinds never seen left out)."""
+        out: Dict[str, int] = {}
+        for position in range(self.workers):
+            base = self.row(position) + PYTHON
+            for i, kind in enumerate(PYTHON_KINDS):
                 n = self.words[base + i]
                 if n:
                     out[kind] = out.get(kind, 0) + n

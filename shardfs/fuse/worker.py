@@ -39,7 +39,8 @@ from typing import Any, Dict
 
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.shardset import MountedShard, ShardSet
-from shardfs.fuse.shared import HASH_PROBES, LOOKUPS, PY_HASH_PROBES, PY_LOOKUPS, PY_PROBES, SEQ, SharedState
+from shardfs.fuse.shared import (HASH_PROBES, LOOKUPS, PY_HASH_PROBES, PY_LOOKUPS, PY_PROBES, PYTHON, PYTHON_KINDS,
+                                 SEQ, SharedState)
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -47,6 +48,10 @@ log = logging.getLogger("shardfs.fuse")
 #: of another one (its number as a u32): _IOR(229, 0, uint32_t), from the
 #: kernel's include/uapi/linux/fuse.h.
 FUSE_DEV_IOC_CLONE = 0x8004E500
+
+#: Word of each handler's counter in a row's PYTHON_KINDS counters.
+_PYTHON_INDEX = {kind: i for i, kind in enumerate(PYTHON_KINDS)}
+_PYTHON_OTHER = _PYTHON_INDEX["other"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -76,8 +81,13 @@ class WorkerHooks(RequestHooks):
         self.winery: Any = None
 
     def begin(self, kind: str) -> None:
-        # Requests are counted by the C request path, in this row.
-        if self.words[SEQ] != self.seen:
+        # Requests are counted by the C request path, in this row; those
+        # that reach the handlers once more, by handler. The handlers of a
+        # worker run one at a time (the C side's lock): these words have one
+        # writer, so a plain += loses nothing.
+        words = self.words
+        words[self.row + PYTHON + _PYTHON_INDEX.get(kind, _PYTHON_OTHER)] += 1
+        if words[SEQ] != self.seen:
             self.sync()
 
     def end(self) -> None:
@@ -98,6 +108,9 @@ class WorkerHooks(RequestHooks):
 
     def requests(self) -> Dict[str, int]:
         return self.state.requests()
+
+    def python_requests(self) -> Dict[str, int]:
+        return self.state.python_requests()
 
     def lookups(self) -> "tuple[int, int]":
         return self.state.lookups()

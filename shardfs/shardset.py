@@ -31,6 +31,7 @@ set is used by one thread at a time.
 
 from __future__ import annotations
 
+import array
 import collections
 import errno
 import logging
@@ -45,8 +46,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from shardfs import Shard, normalize_key
 from shardfs import rbd
 from shardfs import sidecar as sidecar_mod
+from shardfs import _shardfs
 from shardfs._shardfs import OpenShards, SidecarSet
-from shardfs.errors import ShardError
+from shardfs.errors import CorruptShardError, ShardError
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -191,9 +193,9 @@ class OpenCache:
         self.items.move_to_end(number)
         excess = len(self.items) - self.capacity
         if excess > 0:
-            self._drop(excess)
+            self._drop(excess, number)
 
-    def _drop(self, count: int) -> None:
+    def _drop(self, count: int, keep: int) -> None:
         # Entries in use are moved to the end and at most count + 16 of
         # them are passed over, so each call costs O(count) however many
         # are in use; touched entries are moved too, each at the price of
@@ -205,7 +207,7 @@ class OpenCache:
             if self.touched is not None and self.touched(number):
                 items.move_to_end(number)
                 continue
-            if self.in_use(number):
+            if number == keep or self.in_use(number):  # never the entry just put
                 items.move_to_end(number)
                 skipped += 1
                 continue
@@ -302,9 +304,9 @@ class ShardSet:
         #: sidecar are then kept past the bound); set by the mount.
         self.in_use: Callable[[int], bool] = lambda number: False
         self.max_open = max_open or default_max_open()
-        #: The served shards open in this process, probed by `find` in one
-        #: C call (`shardfs._shardfs.OpenShards`); `open_shards` keeps
-        #: their recency order and bound.
+        #: The served shards open in this process, probed by `find` through
+        #: the C resolver (`resolver`); `open_shards` keeps their recency
+        #: order and bound.
         self.open_table = OpenShards()
         self.open_shards = OpenCache(self.max_open, lambda n: self.in_use(n),
                                      touched=self.open_table.touched,
@@ -319,6 +321,10 @@ class ShardSet:
         self.hashes = None
         #: (version, shards in `filters`): filters are skipped when empty.
         self._filtered = (-1, 0)
+        #: Index reads made by `find`.
+        self._probes = 0
+        #: (what it was made from, `shardfs._shardfs.Resolver`): see `resolver`.
+        self._resolver: Tuple[Any, Any] = (None, None)
         #: (version, `served()` then).
         self._served: Tuple[int, List[MountedShard]] = (-1, [])
 
@@ -328,11 +334,39 @@ class ShardSet:
     def probes(self) -> int:
         """Index reads made by `find` (probes of a shard's index), for
         benchmarks: absent keys should cost almost none. Settable (to 0)."""
-        return self.open_table.probes
+        return self._probes
 
     @probes.setter
     def probes(self, value: int) -> None:
-        self.open_table.probes = value
+        self._probes = value
+
+    def resolver_state(self, mtimes: bool = False) -> Tuple[Any, ...]:
+        """What the C resolver (``shardfs/c/ll_resolve.h``) reads of the set,
+        as `shardfs.fuse.handlers.ShardFS.fast_state` documents it: (the
+        `OpenShards`, the filters or None, the global index levels, their
+        maps, an ``array('q')`` of each shard number's state: served (its
+        mtime in ns when `mtimes`, else 0), SHARD_REMOVED or
+        SHARD_UNKNOWN)."""
+        if self._filtered[0] != self.version:
+            self._filtered = (self.version, len(self.filters))
+        levels, maps = self.index.lookup_args if self.index is not None else ((), ())
+        states = array.array("q", [_shardfs.SHARD_UNKNOWN]) * (max(self.shards, default=-1) + 1)
+        for member in self.shards.values():
+            states[member.number] = (_shardfs.SHARD_REMOVED if member.removed
+                                     else int(round(member.mtime * 1e9)) if mtimes else 0)
+        return (self.open_table, self.filters if self._filtered[1] else None, levels, maps, states)
+
+    def resolver(self) -> Any:
+        """The C resolver (`shardfs._shardfs.Resolver`) over the set as it
+        is now: made again when a shard is added, removed, opened or
+        closed, or the index changed."""
+        levels = self.index.lookup_args if self.index is not None else None
+        made_of = (self.version, levels, _shardfs.table_generation())
+        old, resolver = self._resolver
+        if resolver is None or old[0] != made_of[0] or old[1] is not made_of[1] or old[2] != made_of[2]:
+            resolver = _shardfs.Resolver(self.resolver_state() + ((), 0, 0, (), None, ()))
+            self._resolver = (made_of, resolver)
+        return resolver
 
     def served(self) -> List[MountedShard]:
         """Served shards (not removed), by number (= priority). The list is
@@ -617,54 +651,60 @@ class ShardSet:
 
     def find(self, key: bytes, below: Optional[int] = None,
              count: bool = True) -> Optional[Tuple[MountedShard, int, int, int]]:
-        """The first served shard holding `key`, as (shard, slot,
-        data_offset, size), or None.
+        """The first served shard holding `key` (32 bytes), as (shard,
+        slot, data_offset, size), or None.
 
-        Only the shards that may hold the key are probed (the global
-        index's candidates, and those of the filters of shards it does not
-        hold yet), in number order; `below` limits the search to numbers
-        under it (to decide whether an entry is a duplicate). The shards
-        open in this process are probed in one C call
-        (`OpenShards.find`); a candidate that is not open is opened here
-        (bounded by `max_open`) and the call resumes from it. It may wait
-        for the device (the C core releases the GIL meanwhile). A shard
-        that cannot be opened (replaced or damaged since it was mounted) is
-        logged once and skipped. Raises CorruptShardError when a probed
-        slot is corrupt. `count`: add the call to `lookups` and `probes`
-        (False for the duplicate checks of a listing, which are not
-        lookups).
+        The C resolver (`resolver`) asks only the shards that may hold the
+        key (the global index's candidates, and those of the filters of
+        shards it does not hold yet), in number order; `below` limits the
+        search to numbers under it (to decide whether an entry is a
+        duplicate). A candidate that is not open is opened here (bounded by
+        `max_open`) and the search resumes from it; one that cannot be
+        opened (replaced or damaged since it was mounted) is logged once
+        and skipped. It may wait for the device (the GIL is released
+        meanwhile). Raises CorruptShardError when a probed slot is corrupt
+        and no later candidate holds the key, OSError (EIO) when a shard's
+        file shrank. `count`: add the call to `lookups` and `probes` (False
+        for the duplicate checks of a listing, which are not lookups).
         """
-        if self._filtered[0] != self.version:
-            self._filtered = (self.version, len(self.filters))
-        filters = self.filters if self._filtered[1] else None
-        levels, maps = self.index.lookup_args if self.index is not None else ((), ())
-        limit = -1 if below is None else below
-        start = 0
+        start, limit, opened = 0, -1 if below is None else below, set()
         while True:
-            answer = self.open_table.find(key, levels, maps, filters, start, limit, count)
-            if type(answer) is not int:
+            code, value = self.resolver().find(key, start, limit)
+            if code != _shardfs.RESOLVE_OPEN:
                 break
-            # Candidate `answer` is not open here: open it and probe it.
-            start = answer + 1
-            member = self.shards.get(answer)
-            if member is None or member.removed:
-                continue
+            member = self.shards[value]
+            start = value + 1
             try:
                 shard = self.open_shard(member)
             except (OSError, ShardError) as exc:
                 self._open_failed(member, exc)
                 continue
-            if count:
-                self.open_table.probes += 1
+            if value not in opened:  # asked again, now open
+                opened.add(value)
+                start = value
+                continue
+            # Opened, yet not held by the resolver's table (a number past
+            # what OpenShards holds): asked here.
             found = shard.find(key)
             if found is not None:
-                answer = (member, found[0], found[1], found[2])
+                code, value = _shardfs.RESOLVE_FOUND, (0, found[2], 0, member.number, found[1], 1)
+                value = ((member.number + 1) << 32 | found[0],) + value[1:]
                 break
+        if code == _shardfs.RESOLVE_FAILED:
+            number, what, corrupt = value
+            path = self.shards[number].path if number in self.shards else "?"
+            if corrupt:
+                raise CorruptShardError(f"{path}: {what}")
+            raise OSError(errno.EIO, f"{path}: {what}")
         # Counted once per answer: a corrupt slot (an exception) is not a
         # lookup.
         if count:
             self.lookups += 1
-        return answer
+            self._probes += value[5] if code == _shardfs.RESOLVE_FOUND else value
+        if code != _shardfs.RESOLVE_FOUND:
+            return None
+        ino, size, _, number, offset, _ = value
+        return (self.shards[number], ino & 0xFFFFFFFF, offset, size)
 
     def get_batch(self, keys: Iterable) -> List[Optional[bytes]]:
         """The bytes of each key's object in the first served shard holding

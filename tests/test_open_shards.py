@@ -1,5 +1,6 @@
-"""OpenShards: the open shards of a set by shard number, and `find` over
-them in one C call (global index levels and per-shard filters give the
+"""OpenShards: the open shards of a set by shard number, and the C
+resolver's `find` over them (`shardfs._shardfs.Resolver`, built from the
+table, the global index levels and the per-shard filters that give the
 candidates). Real shards and real index levels; every answer is checked
 against `Shard.find` of the shard that holds the key."""
 
@@ -48,6 +49,43 @@ def level(tmp_path_factory):
         s.close()
 
 
+#: Shard numbers below this are served (the states `find` gives the resolver).
+SERVED = 300
+
+
+class Probes:
+    """Index probes counted over `find` calls."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+def find(table, key, levels, maps, filters=None, start=0, below=-1, count=True, probes=None,
+         members=lambda number: ("member", number - 100)):
+    """`key` looked up by the C resolver over `table` (an OpenShards), the
+    index `levels` with their `maps` and the `filters`, among shard numbers
+    [start, below): (member of the shard holding it, slot, data_offset,
+    size), None, or the number of the first candidate the table does not
+    hold (as ShardSet.find sees it). Every number a map or the filters name
+    is served. Raises CorruptShardError or OSError as ShardSet.find."""
+    numbers = [n for m in maps for n in m if n >= 0]
+    states = array.array("q", [0]) * (max(numbers + [SERVED - 1]) + 1)
+    resolver = _shardfs.Resolver((table, filters, levels, maps, states, (), 0, 0, (), None, ()))
+    code, value = resolver.find(key, start, below)
+    if code == _shardfs.RESOLVE_OPEN:
+        return value
+    if code == _shardfs.RESOLVE_FAILED:
+        if value[2]:
+            raise CorruptShardError(value[1])
+        raise OSError(value[1])
+    if probes is not None and count:
+        probes.count += value[5] if code == _shardfs.RESOLVE_FOUND else value
+    if code != _shardfs.RESOLVE_FOUND:
+        return None
+    ino, size, _, number, offset, _ = value
+    return (members(number), ino & 0xFFFFFFFF, offset, size)
+
+
 def full_table(shards) -> OpenShards:
     table = OpenShards()
     for i, s in enumerate(shards):
@@ -60,20 +98,21 @@ def test_every_key_found_as_its_shard_finds_it(level):
     table = full_table(shards)
     assert len(table) == SHARDS
     args = ((g,), (numbers,))
+    probes = Probes()
     for i, ks in enumerate(keys):
         for key in ks:
-            member, slot, data_offset, size = table.find(key, *args)
+            member, slot, data_offset, size = find(table, key, *args, probes=probes)
             holder = min(SHARED_A, i) if key in keys[SHARED_A] and key in keys[SHARED_B] else i
             assert member == ("member", holder)
             assert (slot, data_offset, size) == shards[holder].find(key)
     for n in range(200):
-        assert table.find(sha(b"absent %d" % n), *args) is None
+        assert find(table, sha(b"absent %d" % n), *args, probes=probes) is None
     # One probe per present key (the first candidate holds it: a shared
     # key is found in the lower shard first), none for absent ones.
-    assert table.probes == sum(len(ks) for ks in keys)
-    table.probes = 0
-    table.find(keys[0][0], *args, count=False)
-    assert table.probes == 0
+    assert probes.count == sum(len(ks) for ks in keys)
+    probes.count = 0
+    find(table, keys[0][0], *args, count=False, probes=probes)
+    assert probes.count == 0
 
 
 def test_start_and_below_choose_among_the_shards_holding_a_key(level):
@@ -81,11 +120,11 @@ def test_start_and_below_choose_among_the_shards_holding_a_key(level):
     table = full_table(shards)
     args = ((g,), (numbers,))
     key = sha(SHARED[0])
-    assert table.find(key, *args)[0] == ("member", SHARED_A)
-    assert table.find(key, *args, start=100 + SHARED_A + 1)[0] == ("member", SHARED_B)
-    assert table.find(key, *args, below=100 + SHARED_B)[0] == ("member", SHARED_A)
-    assert table.find(key, *args, below=100 + SHARED_A) is None
-    assert table.find(key, *args, start=100 + SHARED_B + 1) is None
+    assert find(table, key, *args)[0] == ("member", SHARED_A)
+    assert find(table, key, *args, start=100 + SHARED_A + 1)[0] == ("member", SHARED_B)
+    assert find(table, key, *args, below=100 + SHARED_B)[0] == ("member", SHARED_A)
+    assert find(table, key, *args, below=100 + SHARED_A) is None
+    assert find(table, key, *args, start=100 + SHARED_B + 1) is None
 
 
 def test_a_candidate_not_held_is_reported_then_found_once_set(level):
@@ -93,21 +132,21 @@ def test_a_candidate_not_held_is_reported_then_found_once_set(level):
     table = OpenShards()
     args = ((g,), (numbers,))
     key = keys[5][3]
-    assert table.find(key, *args) == 105  # not held: the caller opens it
+    assert find(table, key, *args) == 105  # not held: the caller opens it
     table.set(105, shards[5].reader, "five")
-    assert table.find(key, *args)[0] == "five"
+    assert find(table, key, *args)[0] == ("member", 5)
     assert table.get(105) is shards[5].reader and table.get(104) is None
     # A number the map marks as not served is never a candidate.
     unserved = array.array("q", numbers)
     unserved[5] = -1
-    assert table.find(key, (g,), (unserved,)) is None
+    assert find(table, key, (g,), (unserved,)) is None
     table.set(105, None)
-    assert len(table) == 0 and table.find(key, *args) == 105
+    assert len(table) == 0 and find(table, key, *args) == 105
     # The shared key: the lower shard is held, the other is reported only
     # when the search goes past the first.
     table.set(100 + SHARED_A, shards[SHARED_A].reader, "a")
-    assert table.find(sha(SHARED[1]), *args)[0] == "a"
-    assert table.find(sha(SHARED[1]), *args, start=100 + SHARED_A + 1) == 100 + SHARED_B
+    assert find(table, sha(SHARED[1]), *args)[0] == ("member", SHARED_A)
+    assert find(table, sha(SHARED[1]), *args, start=100 + SHARED_A + 1) == 100 + SHARED_B
 
 
 def test_per_shard_filters_give_candidates_too(level, tmp_path):
@@ -120,20 +159,22 @@ def test_per_shard_filters_give_candidates_too(level, tmp_path):
         table.set(200 + i, shards[i].reader, i)
     filters.set(209, None)  # no filter yet: always a candidate
     table.set(209, shards[9].reader, 9)
+    probes = Probes()
+    by_number = lambda number: number - 200  # noqa: E731
     for key in keys[2]:
-        assert table.find(key, (), (), filters)[0] == 2
+        assert find(table, key, (), (), filters, probes=probes, members=by_number)[0] == 2
     # Through the index and the filters at once, in number order.
-    assert table.find(keys[9][0], (g,), (numbers,), filters) == 109
-    assert table.find(keys[9][0], (), (), filters)[0] == 9
-    assert table.find(sha(b"absent"), (), (), filters) is None
-    assert table.probes >= len(keys[2])
+    assert find(table, keys[9][0], (g,), (numbers,), filters) == 109
+    assert find(table, keys[9][0], (), (), filters, members=by_number)[0] == 9
+    assert find(table, sha(b"absent"), (), (), filters) is None
+    assert probes.count >= len(keys[2])
 
 
 def test_touched_marks_the_shards_find_probed(level):
     shards, keys, g, numbers, _ = level
     table = full_table(shards)
     assert not table.touched(101)
-    table.find(keys[1][0], (g,), (numbers,))
+    find(table, keys[1][0], (g,), (numbers,))
     assert table.touched(101) and not table.touched(101)  # cleared once asked
     assert not table.touched(102) and not table.touched(10**9)
 
@@ -145,7 +186,7 @@ def test_second_chance_keeps_shards_find_probed(level):
     cache = OpenCache(3, lambda n: False, touched=table.touched, dropped=dropped.append)
     for n in (100, 101, 102):
         cache.put(n, shards[n - 100])
-    table.find(keys[0][0], (g,), (numbers,))  # shard 100 used without the cache
+    find(table, keys[0][0], (g,), (numbers,))  # shard 100 used without the cache
     cache.put(103, shards[3])
     assert dropped == [101] and list(cache.items) == [102, 103, 100]
 
@@ -165,12 +206,12 @@ def test_a_closed_reader_stays_readable_while_held(tmp_path):
     with pytest.raises(ValueError):
         shard.find(keys[0])
     # The table still holds it: its mapping stays valid for find...
-    assert table.find(keys[0], *args)[0] == "m"
+    assert find(table, keys[0], *args, members=str)[0] == "0"
     assert len(os.listdir("/proc/self/fd")) == fds
     # ...and the shard closes when the table lets it go.
     table.set(0, None)
     assert len(os.listdir("/proc/self/fd")) == fds - 1
-    assert table.find(keys[0], *args) == 0
+    assert find(table, keys[0], *args) == 0
     with pytest.raises(ValueError):
         table.set(0, shard.reader, "m")  # closed: cannot be held again
     args[0][0].close()
@@ -193,8 +234,8 @@ def test_a_corrupt_slot_raises(tmp_path):
     table.set(0, shard.reader, "m")
     args = ((_shardfs.GlobalIndex(level),), (array.array("q", [0]),))
     with pytest.raises(CorruptShardError, match="outside the objects section"):
-        table.find(keys[7], *args)
-    assert table.find(keys[8], *args)[0] == "m"
+        find(table, keys[7], *args)
+    assert find(table, keys[8], *args, members=str)[0] == "0"
     shard.close()
 
 
@@ -224,10 +265,10 @@ def test_a_candidate_that_cannot_be_probed_does_not_hide_another(tmp_path):
         table.set(i, s.reader, "member %d" % i)
     g = _shardfs.GlobalIndex(level)
     args = ((g,), (array.array("q", [0, 1]),))
-    found = table.find(shared, *args)
+    found = find(table, shared, *args, members=lambda n: "member %d" % n)
     assert found[0] == "member 1" and (found[2], found[3]) == shards[1].find(shared)[1:]
     with pytest.raises(CorruptShardError, match="outside the objects section"):
-        table.find(shared, *args, below=1)  # shard 0 alone
+        find(table, shared, *args, below=1)  # shard 0 alone
     g.close()
     for s in shards:
         s.close()
@@ -236,40 +277,36 @@ def test_a_candidate_that_cannot_be_probed_does_not_hide_another(tmp_path):
 def test_bad_arguments(level):
     shards, keys, g, numbers, _ = level
     table = OpenShards()
+    states = array.array("q", [0]) * SERVED
+
+    def resolver(levels=(g,), maps=(numbers,), filters=None):
+        return _shardfs.Resolver((table, filters, levels, maps, states, (), 0, 0, (), None, ()))
+
     with pytest.raises(ValueError):
-        table.find(b"short", (g,), (numbers,))
-    with pytest.raises(ValueError, match="differ in length"):
-        table.find(keys[0][0], (g,), ())
+        resolver().find(b"short")
+    with pytest.raises(TypeError, match="one length"):
+        resolver(maps=())
     with pytest.raises(TypeError):
-        table.find(keys[0][0], ("not a level",), (numbers,))
+        resolver(levels=("not a level",))
     with pytest.raises(TypeError):
-        table.find(keys[0][0], (), (), "not a SidecarSet")
-    with pytest.raises(TypeError, match="missing required argument 'maps'"):
-        table.find(keys[0][0], (g,))
-    with pytest.raises(TypeError, match="unexpected argument 'shard'"):
-        table.find(keys[0][0], (g,), (numbers,), shard=1)
-    with pytest.raises(TypeError, match="more than one value for argument 'levels'"):
-        table.find(keys[0][0], (g,), (numbers,), levels=(g,))
-    with pytest.raises(TypeError, match="at most 7 arguments"):
-        table.find(keys[0][0], (g,), (numbers,), None, 0, -1, True, 1)
-    with pytest.raises(TypeError, match="must be tuples"):
-        table.find(keys[0][0], [g], (numbers,))
-    # Keywords and positions name the same arguments.
-    assert (table.find(key=keys[0][0], maps=(numbers,), levels=(g,), count=False, below=100)
-            is None)
-    assert table.find(keys[0][0], (g,), (numbers,), None, 0, -1, False) == 100
+        resolver(filters="not a SidecarSet")
+    with pytest.raises(TypeError):
+        _shardfs.Resolver((table, None, (g,)))
+    with pytest.raises(TypeError):
+        _shardfs.Resolver([table])
+    with pytest.raises(TypeError, match="must be tuple"):
+        resolver(levels=[g])
+    # start and below by position.
+    assert resolver().find(keys[0][0], 0, 100) == (_shardfs.RESOLVE_ABSENT, 0)
+    assert resolver().find(keys[0][0], 0, -1) == (_shardfs.RESOLVE_OPEN, 100)
     with pytest.raises(TypeError):
         table.set(1, "not a Reader")
     with pytest.raises(ValueError):
         table.set(-1, shards[0].reader)
-    with pytest.raises(TypeError):
-        del table.probes
-    # A number past the dense table's range is never held: reported as
-    # not open, so the caller probes it itself.
+    # A number past the dense table's range is never held: a resolver
+    # reports it as not open, so the caller probes it itself.
     table.set(1 << 24, shards[0].reader, "far")
     assert len(table) == 0 and table.get(1 << 24) is None
-    far = array.array("q", [1 << 24] + [-1] * (SHARDS - 1))
-    assert table.find(keys[0][0], (g,), (far,)) == 1 << 24
 
 
 def test_finds_from_threads_while_entries_change(level):
@@ -289,11 +326,11 @@ def test_finds_from_threads_while_entries_change(level):
             key = keys[i][n % len(keys[i])]
             n += 1
             try:
-                got = table.find(key, *args)
+                got = find(table, key, *args)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(repr(exc))
                 return
-            if isinstance(got, tuple) and key not in keys[got[0][1]]:
+            if isinstance(got, tuple) and key not in keys[got[0][1]]:  # members ("member", i)
                 errors.append(f"{key.hex()} answered from shard {got[0][1]}")
 
     threads = [threading.Thread(target=finder, args=(s,)) for s in range(3)]
@@ -383,3 +420,17 @@ def test_a_forgotten_entry_keeps_no_reference(level):
     table.set(100, shards[0].reader, member)
     table.set(100, shards[1].reader, "other")  # replaced: the old member is dropped too
     assert not any(x is member for x in gc.get_referents(table))
+
+
+def test_the_entry_just_put_is_never_dropped():
+    """When every other entry was used since the cache last looked (each
+    gets its second chance), the entry just put is not the one dropped:
+    the caller opened it to use it now (a resolver asks it next)."""
+    marks = {1, 2}
+    dropped = []
+    cache = OpenCache(2, lambda n: False, touched=lambda n: n in marks and not marks.discard(n),
+                      dropped=dropped.append)
+    cache.put(1, "one")
+    cache.put(2, "two")
+    cache.put(3, "three")
+    assert 3 in cache.items and dropped == [1] and len(cache) == 2

@@ -115,13 +115,15 @@ static int key_candidates(const ll_snapshot_t *snap, const uint8_t key[SFS_KEY_S
  * one not open here stops the search (LL_NEED_OPEN: the handlers open it);
  * one that cannot be read is told only if none after it holds the key. */
 static enum ll_resolution probe(ll_snapshot_t *snap, numbers_t *c, const uint8_t key[SFS_KEY_SIZE], int kind,
-                                uint64_t start, ll_found_t *f)
+                                uint64_t start, uint64_t below, ll_found_t *f)
 {
     enum ll_resolution res = LL_ABSENT;
     for (size_t j = 0; j < c->n; j++) {
         uint32_t number = (uint32_t)c->v[j];
         if (number < start)
             continue;
+        if (number >= below)
+            break;
         int64_t mtime;
         sfs_shard_t *shard = ll_snapshot_shard(snap, number, &mtime);
         if (!shard) {
@@ -141,6 +143,8 @@ static enum ll_resolution probe(ll_snapshot_t *snap, numbers_t *c, const uint8_t
         } else {
             rc = g_lookup_slot(shard, key, &f->slot, &f->offset, &f->size);
         }
+        if (f->probed < LL_PROBED_MAX)
+            f->probed_numbers[f->probed] = number;
         f->probed++;
         if (rc == SFS_OK) {
             f->number = number;
@@ -181,6 +185,35 @@ static int hash_name(const ll_snapshot_t *snap, uint64_t parent, const char *nam
     return -1;
 }
 
+/* The object of `key` (kind -1) or of a digest (kind 0: sha1, 1:
+ * sha1_git; key[0..20)) among the shards numbered [start, below). */
+static enum ll_resolution resolve(ll_snapshot_t *snap, const uint8_t key[SFS_KEY_SIZE], int kind, uint64_t start,
+                                  uint64_t below, ll_found_t *f)
+{
+    numbers_t c;
+    numbers_init(&c);
+    int rc = kind >= 0 ? level_candidates(snap->hashes[kind].levels, snap->hashes[kind].nlevels, key, &c)
+                       : key_candidates(snap, key, &c);
+    for (size_t j = 0; rc == SFS_OK && kind >= 0 && j < snap->hashes[kind].nunlevelled; j++)
+        if (numbers_add(&c, snap->hashes[kind].unlevelled[j]) < 0)
+            rc = SFS_ENOMEM;
+    enum ll_resolution res = LL_FAILED;
+    f->status = rc;
+    if (rc == SFS_OK) {
+        numbers_sort(&c);
+        res = probe(snap, &c, key, kind, start, below, f);
+    }
+    numbers_free(&c);
+    return res;
+}
+
+enum ll_resolution ll_resolve_key(ll_snapshot_t *snap, const uint8_t key[SFS_KEY_SIZE], uint64_t start,
+                                  uint64_t below, ll_found_t *f)
+{
+    memset(f, 0, sizeof(*f));
+    return resolve(snap, key, -1, start, below, f);
+}
+
 enum ll_resolution ll_resolve_name(ll_snapshot_t *snap, uint64_t parent, const char *name, uint64_t start,
                                    ll_found_t *f)
 {
@@ -203,21 +236,7 @@ enum ll_resolution ll_resolve_name(ll_snapshot_t *snap, uint64_t parent, const c
             return LL_ABSENT; /* not 40 lowercase hex digits */
         f->by_hash = 1;
     }
-    numbers_t c;
-    numbers_init(&c);
-    int rc = kind >= 0 ? level_candidates(snap->hashes[kind].levels, snap->hashes[kind].nlevels, key, &c)
-                       : key_candidates(snap, key, &c);
-    for (size_t j = 0; rc == SFS_OK && kind >= 0 && j < snap->hashes[kind].nunlevelled; j++)
-        if (numbers_add(&c, snap->hashes[kind].unlevelled[j]) < 0)
-            rc = SFS_ENOMEM;
-    enum ll_resolution res = LL_FAILED;
-    f->status = rc;
-    if (rc == SFS_OK) {
-        numbers_sort(&c);
-        res = probe(snap, &c, key, kind, start, f);
-    }
-    numbers_free(&c);
-    return res;
+    return resolve(snap, key, kind, start, UINT64_MAX, f);
 }
 
 enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int for_read, ll_found_t *f)

@@ -49,7 +49,11 @@ typedef struct {
     sfs_shard_t *shard;   /* LL_FOUND: its shard, valid while the snapshot is held */
     size_t probed;        /* shard indexes (or hash indexes) asked */
     int by_hash;          /* found by sha1 or sha1_git: probed counts hash index probes */
+    /* the first LL_PROBED_MAX shard numbers asked (their use, for the
+     * recency of the bounded set of open shards) */
+    uint32_t probed_numbers[8];
 } ll_found_t;
+#define LL_PROBED_MAX 8
 
 /* Look `name` (NUL-terminated, as the kernel hands it) up in directory
  * `parent`. LL_FOUND (the object of the lowest-numbered shard holding it),
@@ -60,6 +64,13 @@ typedef struct {
  * LL_NEED_OPEN, ask again from its number (the ones before it were asked). */
 enum ll_resolution ll_resolve_name(ll_snapshot_t *snap, uint64_t parent, const char *name, uint64_t start,
                                    ll_found_t *found);
+
+/* The object of `key` (32 bytes) in the lowest-numbered shard holding it
+ * among those numbered [start, below): LL_FOUND, LL_ABSENT, LL_NEED_OPEN,
+ * LL_FAILED, as ll_resolve_name (the Python API's ShardSet.find, and the
+ * duplicate checks of listings). */
+enum ll_resolution ll_resolve_key(ll_snapshot_t *snap, const uint8_t key[SFS_KEY_SIZE], uint64_t start,
+                                  uint64_t below, ll_found_t *found);
 
 /* The object inode `ino` names, its slot read now. LL_FOUND, LL_ABSENT
  * (an empty or deleted slot, past the index), LL_STALE (its shard is not

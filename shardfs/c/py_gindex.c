@@ -80,7 +80,7 @@ static PyObject *GlobalIndex_exit(GlobalIndex *self, PyObject *args)
     return GlobalIndex_close(self, NULL);
 }
 
-/* gindex_lookup_all: py_module.h (OpenShards.find calls it too). */
+/* gindex_lookup_all: py_module.h. */
 int gindex_lookup_all(const sfs_gindex_t *g, const uint8_t key[SFS_KEY_SIZE],
                       uint32_t stack[LOOKUP_STACK], uint32_t **out, size_t *n)
 {

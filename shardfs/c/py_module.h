@@ -197,15 +197,14 @@ static inline int gindex_ready(GlobalIndex *self)
 }
 
 /* The served shards a set holds open, by shard number: for each, its Reader
- * and the caller's object for it (the mount's MountedShard), so that a key
- * is found over thousands of shards in one call that touches no Python
- * object but the few candidates' (find). Entries are a dense array indexed
- * by number, grown on demand up to OPEN_SHARDS_MAX_NUMBER (a number beyond
- * is never held: find reports it as not open). `used` marks the entries
- * find probed since `touched` last asked (the caller's recency order: a
- * second chance for the least recently used). Under the GIL only: the
- * request path reads a snapshot of it (ll_snapshot.h), whose marks of use
- * the session folds back into `used` (ll_fast_refresh). */
+ * and the caller's object for it (the mount's MountedShard). The C
+ * resolver's snapshots (ll_snapshot.h) take their shards from it, so that a
+ * key is found over thousands of shards in one call that touches no Python
+ * object. Entries are a dense array indexed by number, grown on demand up
+ * to OPEN_SHARDS_MAX_NUMBER (a number beyond is never held: the resolver
+ * reports it as not open). `used` marks the entries a resolver asked since
+ * `touched` last asked (the caller's recency order: a second chance for
+ * the least recently used). Under the GIL only. */
 #define OPEN_SHARDS_MAX_NUMBER (1 << 24)
 
 typedef struct {
@@ -219,7 +218,6 @@ typedef struct {
     open_entry_t *entries;
     unsigned char *used;
     Py_ssize_t cap, count;
-    unsigned long long probes;
 } OpenShards;
 
 

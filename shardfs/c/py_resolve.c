@@ -11,10 +11,13 @@
  *                       object's first byte in its shard; probes: the
  *                       shard indexes, or hash indexes, asked); read():
  *                       value = bytes
- *   RESOLVE_ABSENT      no such object (value None)
+ *   RESOLVE_ABSENT      no such object (value: the shard indexes asked)
  *   RESOLVE_STALE       an inode of a shard no longer served (value None)
  *   RESOLVE_OPEN        value = the shard number to open before asking again
- *   RESOLVE_FAILED      value = (shard number, message): it cannot be read
+ *   RESOLVE_FAILED      value = (shard number, message, corrupt): it cannot
+ *                       be read (corrupt: a slot or size field points
+ *                       outside the objects, else the file shrank or an
+ *                       I/O error)
  *   RESOLVE_NOT_OBJECT  not an object's name or inode (value None)
  * The GIL is released while shards are read (they may wait for the device).
  */
@@ -23,7 +26,18 @@
 typedef struct {
     PyObject_HEAD
     ll_current_t current; /* the snapshot, published here alone */
+    OpenShards *open;     /* the open shards it was built from (strong reference) */
 } Resolver;
+
+/* Mark the shards an answer asked as used (OpenShards.touched: the
+ * recency of the bounded set of open shards). Under the GIL. */
+static void mark_used(Resolver *self, const ll_found_t *f)
+{
+    size_t n = f->probed < LL_PROBED_MAX ? f->probed : LL_PROBED_MAX;
+    for (size_t i = 0; i < n; i++)
+        if ((Py_ssize_t)f->probed_numbers[i] < self->open->cap)
+            self->open->used[f->probed_numbers[i]] = 1;
+}
 
 static ll_snapshot_t *resolver_snapshot(Resolver *self)
 {
@@ -42,18 +56,22 @@ static int Resolver_init(Resolver *self, PyObject *args, PyObject *kwds)
     if (!snap)
         return -1;
     ll_snapshot_publish(&self->current, snap);
+    Py_XSETREF(self->open, (OpenShards *)Py_NewRef(PyTuple_GET_ITEM(state, 0)));
     return 0;
 }
 
 static void Resolver_dealloc(Resolver *self)
 {
     ll_snapshot_publish(&self->current, NULL);
+    Py_XDECREF(self->open);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static const char *status_message(int status)
 {
-    return status == SFS_EGONE ? GONE_REASON : status == SFS_ECORRUPT ? "a corrupt index slot" : sfs_strstatus(status);
+    return status == SFS_EGONE      ? GONE_REASON
+           : status == SFS_ECORRUPT ? "an index slot or size field points outside the objects section"
+                                    : sfs_strstatus(status);
 }
 
 /* (code, value) for a resolution other than a read's bytes. */
@@ -67,7 +85,10 @@ static PyObject *answer(enum ll_resolution res, const ll_found_t *f)
     case LL_NEED_OPEN:
         return Py_BuildValue("(iI)", (int)res, (unsigned)f->number);
     case LL_FAILED:
-        return Py_BuildValue("(i(Is))", (int)res, (unsigned)f->number, status_message(f->status));
+        return Py_BuildValue("(i(IsO))", (int)res, (unsigned)f->number, status_message(f->status),
+                             f->status == SFS_ECORRUPT ? Py_True : Py_False);
+    case LL_ABSENT:
+        return Py_BuildValue("(in)", (int)res, (Py_ssize_t)f->probed);
     default:
         return Py_BuildValue("(iO)", (int)res, Py_None);
     }
@@ -95,6 +116,32 @@ static PyObject *Resolver_lookup(Resolver *self, PyObject *args)
     if (res == LL_FOUND)
         sfs_prefetch(f.shard, f.offset, f.size < LL_PREFETCH_BYTES ? f.size : LL_PREFETCH_BYTES);
     Py_END_ALLOW_THREADS
+    mark_used(self, &f);
+    PyObject *r = answer(res, &f);
+    ll_snapshot_release(snap);
+    return r;
+}
+
+/* find(key: 32 bytes, start=0, below=-1) -> (code, value): the object of
+ * `key` in the lowest-numbered shard holding it among those numbered
+ * [start, below) (below < 0: no bound). */
+static PyObject *Resolver_find(Resolver *self, PyObject *args)
+{
+    PyObject *keyobj;
+    unsigned long long start = 0;
+    long long below = -1;
+    uint8_t key[SFS_KEY_SIZE];
+    if (!PyArg_ParseTuple(args, "O|KL:find", &keyobj, &start, &below) || get_key(keyobj, key) < 0)
+        return NULL;
+    ll_snapshot_t *snap = resolver_snapshot(self);
+    if (!snap)
+        return NULL;
+    ll_found_t f;
+    enum ll_resolution res;
+    Py_BEGIN_ALLOW_THREADS
+    res = ll_resolve_key(snap, key, start, below < 0 ? UINT64_MAX : (uint64_t)below, &f);
+    Py_END_ALLOW_THREADS
+    mark_used(self, &f);
     PyObject *r = answer(res, &f);
     ll_snapshot_release(snap);
     return r;
@@ -172,6 +219,9 @@ static PyObject *Resolver_read(Resolver *self, PyObject *args)
 static PyMethodDef Resolver_methods[] = {
     {"lookup", (PyCFunction)Resolver_lookup, METH_VARARGS,
      "lookup(parent, name, start=0) -> (code, value): what `name` stands for in directory `parent`"},
+    {"find", (PyCFunction)Resolver_find, METH_VARARGS,
+     "find(key, start=0, below=-1) -> (code, value): the object of a 32-byte key in the lowest-numbered "
+     "shard holding it among those numbered [start, below)"},
     {"inode", (PyCFunction)Resolver_inode, METH_VARARGS,
      "inode(ino, for_read=False) -> (code, value): the object inode `ino` names, its slot read now"},
     {"read", (PyCFunction)Resolver_read, METH_VARARGS,

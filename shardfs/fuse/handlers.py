@@ -122,7 +122,6 @@ LEAF_POSITION_BITS = 62
 RESOLVE_FOUND, RESOLVE_ABSENT, RESOLVE_STALE = _shardfs.RESOLVE_FOUND, _shardfs.RESOLVE_ABSENT, _shardfs.RESOLVE_STALE
 RESOLVE_OPEN, RESOLVE_FAILED = _shardfs.RESOLVE_OPEN, _shardfs.RESOLVE_FAILED
 RESOLVE_NOT_OBJECT = _shardfs.RESOLVE_NOT_OBJECT
-RESOLVE_REMOVED, RESOLVE_UNKNOWN = _shardfs.SHARD_REMOVED, _shardfs.SHARD_UNKNOWN
 
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
 #: Bytes of an object's name: its key in hex.
@@ -316,8 +315,8 @@ class ShardFS:
         `OpenShards` of the set, its `SidecarSet` of filters or None, the
         global index levels, their maps from a level's shard index to a
         shard number, an ``array('q')`` of each shard number's mtime in ns
-        (RESOLVE_REMOVED: no longer served; RESOLVE_UNKNOWN: not known
-        here), the cumulative hex prefix length of each fan-out level, the
+        (SHARD_REMOVED: no longer served; SHARD_UNKNOWN: not known here:
+        `shardfs.shardset.ShardSet.resolver_state`), the cumulative hex prefix length of each fan-out level, the
         directories' mtime in ns, the shard table sequence the set matches,
         the sidecar (path, identity) of each shard number for pushes in key
         order, the names by other hashes (`_fast_hashes`), and (number,
@@ -335,25 +334,20 @@ class ShardFS:
         if old is not None and old[0] == made_of[0] and old[1] is levels and old[2] is maps \
                 and old[3] == made_of[3] and old[4] == made_of[4] and old[5] == made_of[5]:
             return state
-        mtimes = array.array("q", [RESOLVE_UNKNOWN]) * (max(shards.shards, default=-1) + 1)
+        base = shards.resolver_state(mtimes=True)
         removed_open = []
         for member in shards.shards.values():
-            if member.removed:
-                mtimes[member.number] = RESOLVE_REMOVED
-                shard = member.held or shards.open_shards.items.get(member.number)
-                if shard is not None:
-                    removed_open.append((member.number, shard.reader))
-        for member in shards.served():
-            mtimes[member.number] = _ns(member.mtime)
+            shard = (member.held or shards.open_shards.items.get(member.number)) if member.removed else None
+            if shard is not None:
+                removed_open.append((member.number, shard.reader))
         prefixes = tuple(self.layout.prefix_len(d) for d in range(1, self.layout.depth + 1))
-        orders = [None] * len(mtimes)  # sidecars: slots in key order, for pushes ahead
+        orders = [None] * len(base[4])  # sidecars: slots in key order, for pushes ahead
         for member in shards.served():
             if member.sidecar_dir is not None and member.identity:
                 orders[member.number] = (os.fsencode(sidecar_mod.sidecar_path(member.sidecar_dir, member.identity)),
                                          member.identity)
-        state = (shards.open_table, shards.filters if len(shards.filters) else None, levels, maps, mtimes,
-                 prefixes, self._dir_time_ns, made_of[3], tuple(orders), self._fast_hashes(len(mtimes)),
-                 tuple(removed_open))
+        state = base + (prefixes, self._dir_time_ns, made_of[3], tuple(orders), self._fast_hashes(len(orders)),
+                        tuple(removed_open))
         self._fast = (made_of, state)
         return state
 
@@ -426,9 +420,9 @@ class ShardFS:
             self._removed_opens += 1  # fast_state gives it to the resolver
         return 0
 
-    def _failed(self, value: Tuple[int, str]) -> FUSEError:
+    def _failed(self, value: Tuple[int, str, bool]) -> FUSEError:
         """Log a shard the resolver could not read; the error to answer."""
-        number, what = value
+        number, what, _ = value
         member = self.shards.get(number)
         log.error("shard %s (number %d): %s (run shardfs check)", member.path if member else "?", number, what)
         return FUSEError(errno.EIO)
@@ -462,12 +456,15 @@ class ShardFS:
         SWHID), None when there is none, or RESOLVE_NOT_OBJECT when `name`
         is not an object's name there."""
         code, value = self._resolve(lambda resolver, start: resolver.lookup(parent, name, start), lookup=True)
-        if code == RESOLVE_FOUND:
-            ino, size, mtime_ns, _, _, probes = value
+        if code == RESOLVE_NOT_OBJECT:
+            return RESOLVE_NOT_OBJECT
+        probes = value[5] if code == RESOLVE_FOUND else value
+        if len(name) == NAME_SIZE:  # counted as the C request path counts
             self.shards.lookups += 1
             self.shards.probes += probes
-            return (ino, False, size, mtime_ns)
-        return RESOLVE_NOT_OBJECT if code == RESOLVE_NOT_OBJECT else None
+        elif self.shards.hashes is not None:  # by sha1 or sha1_git: hash index probes
+            self.shards.hashes.probes += probes
+        return (value[0], False, value[1], value[2]) if code == RESOLVE_FOUND else None
 
     def _inode(self, inode: int, for_read: bool = False) -> Tuple[int, int, int, int]:
         """(shard number, offset, size, mtime_ns) of the object `inode`

@@ -20,6 +20,8 @@ import random
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -745,6 +747,106 @@ def test_pushes_the_kernel_refuses_are_counted(mounter, tmp_path):
     # every object not pushed was READ (an object may be refused by several
     # pushes ahead: the refusals can outnumber the objects)
     assert _grown(before, requests(point)).get("read", 0) >= len(names) - after["pushed"], after
+
+
+#: Test-only fault injection (shardfs/c/ll_fast.c, push): every push of the
+#: mount's workers sleeps this long between reading an object's slot and
+#: bytes and storing them into the kernel's page cache.
+PUSH_DELAY_MS = 3000
+
+
+def _push_waiting(point: Path) -> bool:
+    """True while a thread of the mount's workers sleeps in a push (the
+    test-only delay: its object's slot and bytes read, not stored yet)."""
+    for pid in worker_pids(point):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    if "nanosleep" in f.read():
+                        return True
+            except OSError:
+                continue
+    return False
+
+
+def _mapped_bytes(fd: int, size: int) -> subprocess.CompletedProcess:
+    """Read `size` bytes of the open object `fd` through a mapping, in a
+    child (a page the mount cannot READ kills the reader with SIGBUS): a
+    page fault is served from the page cache without asking the mount,
+    and unlike read(2) it does not revalidate the attributes first."""
+    code = ("import mmap, sys; m = mmap.mmap(%d, %d, prot=mmap.PROT_READ); "
+            "sys.stdout.buffer.write(m[:])" % (fd, size))
+    return subprocess.run([sys.executable, "-c", code], pass_fds=(fd,), capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("path", ["ahead", "ioctl"])
+def test_takedown_during_a_push_leaves_no_bytes(mounter, tmp_path, monkeypatch, path):
+    """A takedown that lands while a push holds an object's slot and bytes
+    (between their reading and FUSE_NOTIFY_STORE, widened here by the
+    test-only $SHARDFS_TEST_PUSH_DELAY_MS) must not leave the object's old
+    or zeroed bytes in the page cache the coordinator just invalidated: a
+    file open on it before the takedown then cannot get them, not even
+    through a mapping (which read(2) is not: it asks for the invalidated
+    attributes first, GETATTR, refused). Both pushes: ahead of reads in
+    listing order ("ahead": objects read in slot order until one read's
+    push ahead waits; the object after it, the first it stores, is taken
+    down) and at CPython's isatty ioctl ("ioctl")."""
+    blobs = [bytes([65 + i]) * (6000 + i) for i in range(6)]  # two pages each
+    shard = tmp_path / "s.shard"
+    objects = build_shard(shard, blobs)
+    monkeypatch.setenv("SHARDFS_TEST_PUSH_DELAY_MS", str(PUSH_DELAY_MS))
+    point = mounter.mount(shard, tmp_path / "m", "--layout", "flat", "-o", "workers=1")
+    assert wait_until(lambda: stats(point)["sidecars"] == 1)  # no table change meanwhile
+    names = os.listdir(point)  # slot order; the kernel has every inode
+    before = stats(point)
+    pusher = None
+    if path == "ahead":
+        # A push ahead follows the answer to a READ, so a thread that lags
+        # may see this process's reads out of order and miss the stream:
+        # read on until one read's push waits.
+        victim = None
+        for i, name in enumerate(names[:-1]):
+            assert _read_with_syscalls(point / name) == objects[name]
+            if i >= 2 and wait_until(lambda: _push_waiting(point), timeout=0.5):
+                victim = names[i + 1]
+                break
+        assert victim, "no read in slot order was pushed ahead"
+        held = os.open(point / victim, os.O_RDONLY)
+    else:
+        victim = names[3]
+        held = os.open(point / victim, os.O_RDONLY)
+        pusher = threading.Thread(target=os.isatty, args=(held,), daemon=True)
+        pusher.start()  # answered once its push is stored
+        assert wait_until(lambda: _push_waiting(point))
+    try:
+        proc = run(SHARDFS + ["delete", "--yes", str(shard), victim])
+        # (other mounts of the host, of other tests, may not answer)
+        assert proc.returncode == 0 and f"{point} not told" not in proc.stderr, proc.stderr
+        # the takedown landed while the push waited between its reads and its store
+        if pusher is None:
+            assert stats(point)["pushed"] == before["pushed"], "the push ended before the takedown"
+            assert wait_until(lambda: stats(point)["pushed"] > before["pushed"], timeout=PUSH_DELAY_MS / 1000 + 10)
+        else:
+            assert pusher.is_alive(), "the push ended before the takedown"
+            pusher.join(PUSH_DELAY_MS / 1000 + 10)
+            assert not pusher.is_alive()
+        mapped = _mapped_bytes(held, len(objects[victim]))
+        assert mapped.stdout == b"", (
+            f"a taken-down object's pushed bytes were served: {len(mapped.stdout)} bytes, "
+            f"old: {mapped.stdout == objects[victim]}, zeros: {mapped.stdout.count(0) == len(mapped.stdout)}")
+        assert mapped.returncode != 0
+        with pytest.raises(OSError):
+            os.pread(held, 100, 0)
+    finally:
+        os.close(held)
+    with pytest.raises(FileNotFoundError):
+        os.open(point / victim, os.O_RDONLY)
+    for name in names[:3]:  # (no CPython open: its ioctl's push would sleep)
+        assert _read_with_syscalls(point / name) == objects[name]
 
 
 def test_no_open_mode_after_the_first_open(mixed, mounter, tmp_path):

@@ -281,20 +281,55 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     return replied;
 }
 
-/* Push bytes [0, n) of the object at `off` in `shard` into the kernel's
- * page cache for inode `ino` (FUSE_NOTIFY_STORE): 0, or -1 when not done
- * (unreadable, or the kernel refused: e.g. ENOENT, an inode it does not
- * have). */
-static int push(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t n)
+/* TEST ONLY, never set in production: $SHARDFS_TEST_PUSH_DELAY_MS, read
+ * once per process (at its first push), makes every push sleep that many
+ * milliseconds between reading the object's bytes and storing them, so
+ * that a test can land a takedown in that window
+ * (tests/test_workers.py, test_takedown_during_a_push_leaves_no_bytes). */
+static unsigned push_delay_ms;
+static pthread_once_t push_delay_once = PTHREAD_ONCE_INIT;
+
+static void push_delay_read(void)
+{
+    const char *v = getenv("SHARDFS_TEST_PUSH_DELAY_MS");
+    long ms = v ? strtol(v, NULL, 10) : 0;
+    push_delay_ms = ms > 0 && ms <= 60000 ? (unsigned)ms : 0;
+}
+
+/* Push bytes [0, n) of the object at `off` in `shard` (`size` bytes, as
+ * its slot was resolved) into the kernel's page cache for inode `ino`
+ * (FUSE_NOTIFY_STORE): 0, or -1 when not done (unreadable, or the kernel
+ * refused: e.g. ENOENT, an inode it does not have).
+ *
+ * A takedown (shardfs delete: bytes zeroed and slot emptied on disk, then
+ * the inode invalidated by the coordinator) landing between the slot's
+ * resolution and the store would leave the old or zeroed bytes in the
+ * pages just invalidated, for a file already open (a mapping's page fault
+ * asks nothing). So the slot is read again after the store: when it is no
+ * longer the same object, the inode's pages and attributes are invalidated
+ * here. Either this reading sees the takedown, or the takedown is written
+ * after it and the coordinator's invalidation comes after the store. */
+static int push(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t size, uint64_t n)
 {
     if (n == 0)
         return -1;
+    pthread_once(&push_delay_once, push_delay_read);
     int stored = -1;
     char *buf = malloc((size_t)n);
     if (buf && g_read(shard, off, buf, (size_t)n) == SFS_OK) {
+        if (push_delay_ms) {
+            struct timespec t = {push_delay_ms / 1000, (long)(push_delay_ms % 1000) * 1000000L};
+            while (nanosleep(&t, &t) < 0 && errno == EINTR)
+                ;
+        }
         struct fuse_bufvec bv = FUSE_BUFVEC_INIT((size_t)n);
         bv.buf[0].mem = buf;
         stored = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0) == 0 ? 0 : -1;
+        uint32_t number, slot;
+        uint64_t now_off, now_size;
+        if (!sfs_ll_object_inode(ino, &number, &slot) || slot >= sfs_slot_count(shard) ||
+            g_slot_object(shard, slot, &now_off, &now_size) != SFS_OK || now_off != off || now_size != size)
+            fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0); /* ENOENT: the kernel has no such inode */
     }
     free(buf);
     return stored;
@@ -309,7 +344,7 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
      * cluster; its READ, if its pages are not cached, takes the read the
      * LOOKUP started (rbd.h). */
     int stored = snap && ll_resolve_inode(snap, ino, 0, &found) == LL_FOUND && !sfs_is_rbd(found.shard)
-                     ? push(s, found.shard, ino, found.offset, found.size < want ? found.size : want)
+                     ? push(s, found.shard, ino, found.offset, found.size, found.size < want ? found.size : want)
                      : -1;
     ll_snapshot_release(snap);
     return stored;
@@ -508,7 +543,7 @@ void ll_fast_push_ahead(Session *s, fuse_ino_t ino)
         if (offs[i] != UINT64_MAX) {
             /* refused: the kernel dropped the inode (it keeps a listed
              * name's inode only while memory allows); its read READs */
-            int refused = push(s, shard, sfs_ll_object_ino(number, slots[i]), offs[i], sizes[i]) != 0;
+            int refused = push(s, shard, sfs_ll_object_ino(number, slots[i]), offs[i], sizes[i], sizes[i]) != 0;
             __atomic_fetch_add(&f->stats[refused ? 3 : 2], 1, __ATOMIC_RELAXED);
         }
 done:

@@ -992,6 +992,7 @@ def _ask(point: Path, payload: bytes, uid: int = 0) -> dict:
     from shardfs.fuse import control
 
     mount = next(m for m in control.shardfs_mounts() if m.point == str(point))
+    address = mount.address  # here: uid 65534 cannot reach the mount point to ask the kernel
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -1003,7 +1004,7 @@ def _ask(point: Path, payload: bytes, uid: int = 0) -> dict:
                 os.setuid(uid)
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(10)
-                sock.connect(control.address(mount.mnt_id))
+                sock.connect(address)
                 sock.sendall(payload)
                 while not reply.endswith(b"\n"):
                     chunk = sock.recv(4096)
@@ -1123,3 +1124,37 @@ def test_a_removed_shard_is_let_go_under_c_only_traffic(mounter, tmp_path):
     finally:
         force_unmount(tmp_path / "m")
         bash(f"umount -l {shard_dir}")
+
+
+def test_takedown_reaches_the_mount_that_took_a_lingering_ones_mount_id(mounter, tmp_path, monkeypatch):
+    """A mount whose coordinator outlives it (unmounted while a worker
+    thread still sleeps in a push: the test-only delay) frees its mount ID,
+    which the kernel gives to the next mount. `shardfs delete` on the next
+    mount's shard must reach the next mount's coordinator, not the
+    lingering one (which serves another shard: it would answer "0 shards"
+    and the object would stay readable from the kernel's cache)."""
+    from shardfs.fuse.openfiles import mount_id
+
+    old_objects = build_shard(tmp_path / "old.shard", [bytes([65 + i]) * (6000 + i) for i in range(6)])
+    new_objects = build_shard(tmp_path / "new.shard", make_blobs(42, 5, 1, 3000))
+    monkeypatch.setenv("SHARDFS_TEST_PUSH_DELAY_MS", str(PUSH_DELAY_MS))
+    old = mounter.mount(tmp_path / "old.shard", tmp_path / "old", "--layout", "flat", "-o", "workers=1")
+    monkeypatch.delenv("SHARDFS_TEST_PUSH_DELAY_MS")
+    assert wait_until(lambda: stats(old)["sidecars"] == 1)
+    old_id, coordinators = mount_id(str(old)), daemon_pids(old)
+    for name in os.listdir(old):  # in slot order, until a push ahead waits
+        assert _read_with_syscalls(old / name) == old_objects[name]
+        if wait_until(lambda: _push_waiting(old), timeout=0.3):
+            break
+    else:
+        raise AssertionError("no push ahead started")
+    assert run(["umount", str(old)]).returncode == 0
+    point = mounter.mount(tmp_path / "new.shard", tmp_path / "new", "--layout", "flat")
+    assert mount_id(str(point)) == old_id, "the kernel did not give the freed mount ID again"
+    assert all(not gone(pid) for pid in coordinators), "the unmounted mount's coordinator left already"
+    victim = next(iter(new_objects))
+    assert (point / victim).read_bytes() == new_objects[victim]
+    proc = run(SHARDFS + ["delete", "--yes", str(tmp_path / "new.shard"), victim])
+    assert proc.returncode == 0 and "not told" not in proc.stderr, proc.stderr
+    with pytest.raises(FileNotFoundError):
+        (point / victim).read_bytes()

@@ -10,8 +10,13 @@ at once.
 
 So ``shardfs delete`` tells every shardfs mount of this host itself, and
 returns only once they answered: each coordinator listens on an abstract
-Unix stream socket named after its mount's ID (``/proc/self/mountinfo``'s
-first field, unique on the host), ``\\0shardfs-control-<mount ID>``. A
+Unix stream socket named after its mount's unique ID (``statx(2)``'s
+``STATX_MNT_ID_UNIQUE``, Linux 6.8 and later: never given to another mount
+until the host restarts), ``\\0shardfs-control-u<unique mount ID>``; on an
+older kernel, after the mount ID of ``/proc/self/mountinfo``,
+``\\0shardfs-control-<mount ID>``, which the kernel gives again as soon as a
+mount is gone: a coordinator that outlives its mount (a worker still busy
+with a slow read) would then be asked in place of the next mount's. A
 request is one line of JSON::
 
     {"op": "takedown", "shard": {"dev": D, "ino": I} or {"rdev": R}, "keys": ["<64 hex>", ...]}
@@ -32,8 +37,10 @@ neither believed nor told which keys were taken down.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import platform
 import socket
 import stat
 import struct
@@ -55,9 +62,51 @@ class Mount:
     mnt_id: int    # the mount ID (first field)
     user_id: int   # the FUSE ``user_id`` option: the uid that mounted it
 
+    @property
+    def address(self) -> bytes:
+        """The abstract socket name its coordinator listens on."""
+        return address(self.mnt_id, unique_mount_id(self.point, self.mnt_id))
 
-def address(mnt_id: int) -> bytes:
-    """The abstract socket name of the coordinator of mount `mnt_id`."""
+
+#: statx(2): its system call number by machine, flags and mask bits
+#: (include/uapi/linux/stat.h, fcntl.h), and where `stx_mnt_id` lies in
+#: struct statx (bytes 144..152).
+_SYS_STATX = {"x86_64": 332, "aarch64": 291}
+_AT_FDCWD, _AT_NO_AUTOMOUNT, _AT_STATX_DONT_SYNC = -100, 0x800, 0x4000
+_STATX_MNT_ID, _STATX_MNT_ID_UNIQUE = 0x1000, 0x4000
+_STX_MNT_ID_OFFSET = 144
+
+
+def _statx_mount_id(path: str, mask: int) -> Optional[int]:
+    """`stx_mnt_id` of `path` for `mask`, asked without a request to the
+    filesystem (AT_STATX_DONT_SYNC: a hung mount does not hang this), or
+    None when the kernel does not give it."""
+    number = _SYS_STATX.get(platform.machine())
+    if number is None:
+        return None
+    buf = ctypes.create_string_buffer(256)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, _AT_FDCWD, os.fsencode(path), _AT_NO_AUTOMOUNT | _AT_STATX_DONT_SYNC,
+                    ctypes.c_uint(mask), buf) != 0:
+        return None
+    if not struct.unpack_from("I", buf, 0)[0] & mask:
+        return None
+    return struct.unpack_from("Q", buf, _STX_MNT_ID_OFFSET)[0]
+
+
+def unique_mount_id(point: str, mnt_id: int) -> Optional[int]:
+    """The unique mount ID of mount `mnt_id` at `point`, or None (a kernel
+    before 6.8, or another mount on top of it at `point`)."""
+    if _statx_mount_id(point, _STATX_MNT_ID) != mnt_id:
+        return None
+    return _statx_mount_id(point, _STATX_MNT_ID_UNIQUE)
+
+
+def address(mnt_id: int, unique: Optional[int] = None) -> bytes:
+    """The abstract socket name of the coordinator of mount `mnt_id` whose
+    unique mount ID is `unique` (None: the kernel gives none)."""
+    if unique is not None:
+        return ADDRESS_PREFIX + b"u%d" % unique
     return ADDRESS_PREFIX + str(mnt_id).encode("ascii")
 
 
@@ -120,7 +169,7 @@ def tell_takedown(shard_path: str, keys: Iterable[bytes], timeout: float = TIMEO
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
                 sock.settimeout(timeout)
-                sock.connect(address(mount.mnt_id))
+                sock.connect(mount.address)
                 uid = peer_uid(sock)
                 if uid not in (0, mount.user_id):
                     raise PermissionError(f"the listener is uid {uid}, the mount's is {mount.user_id}")

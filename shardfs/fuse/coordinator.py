@@ -507,7 +507,7 @@ class Coordinator:
         try:
             if mnt_id is None:
                 raise OSError("the mount is not in /proc/self/mountinfo")
-            sock.bind(control.address(mnt_id))
+            sock.bind(control.address(mnt_id, control.unique_mount_id(self.mountpoint, mnt_id)))
             sock.listen(16)
         except OSError as exc:
             sock.close()

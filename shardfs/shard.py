@@ -243,6 +243,18 @@ class Shard:
         BlockingIOError (as `find`)."""
         return self._reader.slot(slot, nowait)
 
+    def deleted_slots(self, sidecar, begin: int = 0, end: Optional[int] = None) -> List[int]:
+        """The slots that ``sidecar`` (this shard's `shardfs.sidecar.Sidecar`)
+        lists at positions ``begin`` to ``end`` (default: all) and that are
+        empty now: the objects taken down since the sidecar was built, in
+        the sidecar's order. One C call (``sfs_sidecar_deleted``) that
+        releases the GIL: it reads each listed slot's offset in the index
+        (about 15 ns a slot when cached), so it may run in a thread while
+        others work. IndexError outside ``[0, sidecar.count]``; ValueError
+        for a sidecar of another slot count; OSError (EIO) when the shard or
+        the sidecar shrank under its mapping."""
+        return self._reader.deleted_slots(sidecar, begin, end)
+
     def scan(self, start_slot: int = 0, batch: int = 4096,
              on_corrupt: Optional[Callable[[int], None]] = None) -> Iterator[Tuple[int, bytes, int, int]]:
         """Live objects from ``start_slot`` on, in slot order, as

@@ -20,8 +20,9 @@ Deletes: ``Shard.delete()`` does not update the sidecar, and a delete in the
 middle of a large index does not change the identity. The sidecar then
 answers for a superset of the live keys (a deleted key may still be
 "contained", its slot still listed), so callers must check every slot they
-get (``Shard.slot(i)`` is None for a deleted one). ``build()`` again to drop
-deleted keys.
+get (``Shard.slot(i)`` is None for a deleted one; ``Shard.deleted_slots(
+sidecar)`` lists the deleted ones in one C call without the GIL).
+``build()`` again to drop deleted keys.
 
 ``SidecarSet`` holds the sidecars of many shards, by shard number (the
 number a mount gives each shard, `shardfs.shardset`):

@@ -231,6 +231,108 @@ def test_deleted_keys_superset_until_rebuilt(tmp_path):
         assert slot not in fresh.slots(0, fresh.count)
 
 
+def _deleted_by_slot(shard, sc):
+    """What the mount's check found before it was done in C: the slots
+    the sidecar lists (in its order) whose ``shard.slot`` is None; a slot
+    that raises is skipped."""
+    found = []
+    for slot in sc.slots(0, sc.count):
+        try:
+            if shard.slot(slot) is None:
+                found.append(slot)
+        except Exception:
+            continue
+    return found
+
+
+def test_deleted_slots_since_the_build(tmp_path):
+    """Shard.deleted_slots(sidecar): the slots the sidecar lists that were
+    deleted since it was built, exactly, in the sidecar's order (what the
+    slot-by-slot check gives), over any range; refused for another shard's
+    or a closed sidecar, or a range outside it."""
+    path = tmp_path / "d.shard"
+    keys = build_shard(path, 20000, 13)
+    build_shard(tmp_path / "other.shard", 100, 14)
+    cache = tmp_path / "cache"
+    with Shard(path, writable=True) as shard, Shard(tmp_path / "other.shard") as other:
+        sc = sidecar.build(shard, cache)
+        other_sc = sidecar.build(other, cache)
+        assert shard.deleted_slots(sc) == []
+        order = sc.slots(0, sc.count)
+        victims = [keys[i] for i in range(0, len(keys), 53)]
+        victims += [shard.slot(order[0])[0], shard.slot(order[-1])[0]]  # the first and last listed
+        for key in dict.fromkeys(victims):
+            shard.delete(key)
+        want = _deleted_by_slot(shard, sc)
+        assert sorted(want) == sorted({shard.slot_of(k) for k in victims})
+        assert want[0] == order[0] and want[-1] == order[-1]
+        assert shard.deleted_slots(sc) == want
+        assert shard.deleted_slots(sc, 0, None) == want
+        for step in (1, 999, 4096, sc.count):
+            got = []
+            for begin in range(0, sc.count, step):
+                got += shard.deleted_slots(sc, begin, min(begin + step, sc.count))
+            assert got == want, step
+        assert shard.deleted_slots(sc, sc.count, sc.count) == []
+        assert shard.deleted_slots(sc, begin=5, end=5) == []
+        with pytest.raises(IndexError):
+            shard.deleted_slots(sc, 0, sc.count + 1)
+        with pytest.raises(IndexError):
+            shard.deleted_slots(sc, 6, 5)
+        with pytest.raises(ValueError):
+            shard.deleted_slots(other_sc)  # another slot count
+        with pytest.raises(TypeError):
+            shard.deleted_slots(object())
+        other_sc.close()
+        with pytest.raises(ValueError):
+            shard.deleted_slots(other_sc)
+        # A rebuilt sidecar lists none of them.
+        assert shard.deleted_slots(sidecar.build(shard, cache)) == []
+
+
+def test_deleted_slots_in_threads_while_closed(tmp_path):
+    """deleted_slots runs without the GIL: threads walking one sidecar at
+    once all get the answer, and closing the shard and the sidecar while a
+    walk runs does not unmap them under it (each is let go after)."""
+    import threading
+
+    path = tmp_path / "big.shard"
+    keys = build_shard(path, 200000, 15)
+    with Shard(path, writable=True) as shard:
+        sc = sidecar.build(shard, tmp_path / "cache")
+        for key in keys[::1000]:
+            shard.delete(key)
+    with Shard(path) as shard:
+        want = sorted(shard.slot_of(k) for k in keys[::1000])
+        results = []
+        walkers = [threading.Thread(target=lambda: results.extend(sorted(shard.deleted_slots(sc)) for _ in range(5)))
+                   for _ in range(4)]
+        for t in walkers:
+            t.start()
+        for t in walkers:
+            t.join()
+        assert results == [want] * 20
+    for _ in range(5):
+        reader = Shard(path)
+        loaded = sidecar.load(reader, tmp_path / "cache")
+        out = []
+
+        def walk():
+            try:
+                out.append(sorted(reader.deleted_slots(loaded)))
+            except ValueError as exc:  # closed before the call began
+                out.append(str(exc))
+
+        t = threading.Thread(target=walk)
+        t.start()
+        reader.close()
+        loaded.close()
+        t.join()
+        # Closed before the call (refused) or while it ran (it finished on
+        # the mappings it kept).
+        assert out[0] == want or "closed" in out[0], out[0]
+
+
 def test_empty_shard(tmp_path):
     with ShardWriter(tmp_path / "e.shard"):
         pass

@@ -75,3 +75,24 @@ def test_truncated_sidecar_and_level_name_the_file(tmp_path):
         assert exc.value.errno == errno.EIO
         assert exc.value.strerror == f"{name}: the file shrank under its mapping (SIGBUS)"
 
+
+
+def test_deleted_slots_of_a_truncated_shard_or_sidecar(tmp_path):
+    """Shard.deleted_slots reads the shard's index and the sidecar's slots
+    through their mappings: either file truncated makes it raise
+    OSError(EIO) naming both, not SIGBUS."""
+    from shardfs import sidecar
+
+    for victim in ("shard", "sidecar"):
+        path = tmp_path / f"{victim}.shard"
+        build_shard(path, make_blobs(7, 3000, 1, 30))
+        with shardfs.Shard(str(path)) as s:
+            sc = sidecar.build(s, tmp_path / f"cache-{victim}")
+            assert s.deleted_slots(sc) == []
+            side = sidecar.sidecar_path(tmp_path / f"cache-{victim}", sidecar.identity(s))
+            os.truncate(path if victim == "shard" else side, 0)
+            with pytest.raises(OSError) as exc:
+                s.deleted_slots(sc)
+            assert exc.value.errno == errno.EIO
+            assert exc.value.strerror == (f"{path}: the shard or its sidecar {side} shrank under its "
+                                          "mapping (SIGBUS)")

@@ -1158,3 +1158,89 @@ def test_takedown_reaches_the_mount_that_took_a_lingering_ones_mount_id(mounter,
     assert proc.returncode == 0 and "not told" not in proc.stderr, proc.stderr
     with pytest.raises(FileNotFoundError):
         (point / victim).read_bytes()
+
+
+#: Objects of the shard whose takedown check must not stall the coordinator:
+#: enough that checking every slot in Python (the code before) held its
+#: loop about 2 s on this 2-core machine when idle (0.65 s for a million),
+#: several times LISTENER_BOUND.
+SCAN_OBJECTS = 3_000_000
+#: Longest a request to the takedown listener may wait while that check
+#: runs: a small fraction of what the check took in Python.
+LISTENER_BOUND = 0.5
+
+
+def _probe_listener(point: Path, stop: threading.Event, latencies: list, errors: list) -> None:
+    """Until `stop`: ask the takedown listener of the mount at `point` about
+    a shard it does not serve (it answers at once, invalidating nothing),
+    one request after the other, appending each answer's wait in seconds."""
+    from shardfs.fuse import control
+
+    mount = next(m for m in control.shardfs_mounts() if m.point == str(point))
+    request = json.dumps({"op": "takedown", "shard": {"dev": 1, "ino": 1}, "keys": []}).encode() + b"\n"
+    while not stop.is_set():
+        start = time.monotonic()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(30)
+                sock.connect(mount.address)
+                sock.sendall(request)
+                reply = b""
+                while not reply.endswith(b"\n"):
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    reply += chunk
+            assert json.loads(reply) == {"shards": 0, "invalidated": 0}, reply
+        except Exception as exc:  # failed by the test
+            errors.append(exc)
+            return
+        latencies.append(time.monotonic() - start)
+        time.sleep(0.005)
+
+
+def test_takedown_check_leaves_the_coordinator_responsive(mounter, tmp_path):
+    """A write to a served shard (here a takedown not told to the mount,
+    as a writer on another host or the Python API makes) has the
+    coordinator check every slot its sidecar lists against the index and
+    invalidate the objects deleted since. On a shard of a million objects
+    that check must not stall the coordinator: its takedown listener keeps
+    answering within LISTENER_BOUND while it runs (the check runs in C,
+    off the coordinator's loop), and the deleted object is still
+    invalidated within the live bound."""
+    import shardfs
+
+    path = tmp_path / "big.shard"
+    blobs = [i.to_bytes(4, "big") for i in range(SCAN_OBJECTS)]
+    with shardfs.ShardWriter(str(path)) as w:  # streamed: no dict of every key
+        for data in blobs:
+            w.add(bytes.fromhex(key_of(data)), data)
+    point = mounter.mount(path, tmp_path / "m", "--layout", "flat")
+    victim, other = key_of(blobs[0]), key_of(blobs[1])
+    assert (point / victim).read_bytes() == blobs[0]
+    held = os.open(point / victim, os.O_RDONLY)  # attributes cached for a year
+    stop, latencies, errors = threading.Event(), [], []
+    probe = threading.Thread(target=_probe_listener, args=(point, stop, latencies, errors), daemon=True)
+    try:
+        assert wait_until(lambda: stats(point)["sidecars"] == 1, timeout=60)
+        probe.start()
+        assert wait_until(lambda: len(latencies) >= 5), errors
+        idle = max(latencies)
+        started = time.monotonic()
+        assert shardfs.delete(path, [victim]) == 1
+        # Invalidated by the check (nothing told the mount): it ran.
+        assert wait_until(lambda: _fstat_fails(held), timeout=30), "the deleted object was never invalidated"
+        took = time.monotonic() - started
+        time.sleep(0.2)  # a request in flight when the check ended
+    finally:
+        stop.set()
+        probe.join(60)
+        os.close(held)
+    assert not errors, errors
+    slowest = max(latencies)
+    print(f"listener: {len(latencies)} answers, slowest {slowest:.3f} s (idle: {idle:.3f} s); "
+          f"deleted object invalidated {took:.2f} s after the delete")
+    assert slowest < LISTENER_BOUND, \
+        f"the takedown listener waited {slowest:.2f} s while the takedown check ran ({took:.2f} s in all)"
+    assert took < LIVE_BOUND
+    assert (point / other).read_bytes() == blobs[1]

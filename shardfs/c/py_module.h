@@ -152,6 +152,25 @@ static inline int reader_ready(Reader *self)
     return 1;
 }
 
+/* ---------------------------------------------------------------- Sidecar (py_sidecar.c) */
+
+typedef struct {
+    PyObject_HEAD
+    sfs_sidecar_t *sc;
+    PyObject *path;   /* bytes: the path it was opened at (for errors) */
+    Py_ssize_t users; /* SidecarSet shard numbers holding it */
+    int closed;       /* close() called; the mapping stays while users > 0 */
+} Sidecar;
+
+static inline int sidecar_ready(Sidecar *self)
+{
+    if (!self->sc || self->closed) {
+        PyErr_SetString(PyExc_ValueError, "I/O operation on a closed sidecar");
+        return 0;
+    }
+    return 1;
+}
+
 /* ---------------------------------------------------------------- SidecarSet (py_sidecar.c) */
 
 /* Shard numbers 0..len-1: inactive (never a candidate), active without a

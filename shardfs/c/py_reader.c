@@ -2,7 +2,7 @@
  * py_reader.c — the Reader type of shardfs._shardfs: an open shard (shard.h).
  *
  * Reader(path, writable=False): lookups (read, locate, find, get_batch),
- * slots, scans, check, delete. Its hot helpers stay static here so that
+ * slots, scans, check, delete, the slots deleted since a sidecar was built. Its hot helpers stay static here so that
  * the compiler inlines them into their callers.
  */
 #include "py_module.h"
@@ -729,6 +729,120 @@ static PyObject *Reader_delete(Reader *self, PyObject *arg)
     Py_RETURN_TRUE;
 }
 
+/* Sidecar positions per call of sfs_sidecar_deleted (its output buffer:
+ * 256 KiB, whatever the sidecar's size). */
+#define DELETED_CHUNK 65536
+
+/* One call of sfs_sidecar_deleted, guarded: its status, or SFS_EGONE. A
+ * function of its own, so that the guard's sigsetjmp sees none of the
+ * variables of the caller's loop. */
+static int deleted_chunk(const sfs_sidecar_t *sc, const sfs_shard_t *shard, uint64_t at,
+                         uint64_t to, uint32_t *out, uint64_t *found)
+{
+    int rc;
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_sidecar_deleted(sc, shard, at, to, out, found));
+    return rc;
+}
+
+/* deleted_slots(sidecar, begin=0, end=None) -> [slot, ...]: the slots that
+ * the sidecar lists at positions [begin, end) and that are empty in this
+ * shard now (sfs_sidecar_deleted), in position order. The whole range is
+ * walked without the GIL, DELETED_CHUNK positions at a time; memory: the
+ * chunk's buffer and the slots found. */
+static PyObject *Reader_deleted_slots(Reader *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"sidecar", "begin", "end", NULL};
+    PyObject *sc_obj, *end_obj = Py_None;
+    unsigned long long begin = 0, end;
+    if (!reader_ready(self) || !PyArg_ParseTupleAndKeywords(args, kwds, "O!|KO", kwlist, &SidecarType,
+                                                            &sc_obj, &begin, &end_obj))
+        return NULL;
+    Sidecar *sidecar = (Sidecar *)sc_obj;
+    if (!sidecar_ready(sidecar))
+        return NULL;
+    uint64_t n = sfs_sidecar_count(sidecar->sc);
+    if (end_obj == Py_None) {
+        end = n;
+    } else {
+        end = PyLong_AsUnsignedLongLong(end_obj);
+        if (end == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (begin > end || end > n) {
+        PyErr_Format(PyExc_IndexError, "positions [%llu, %llu) outside [0, %llu]", begin, end,
+                     (unsigned long long)n);
+        return NULL;
+    }
+    if (sfs_sidecar_slot_count(sidecar->sc) != sfs_slot_count(self->shard)) {
+        PyErr_Format(PyExc_ValueError, "%s: the sidecar lists the slots of a shard of %llu, it has %llu",
+                     sfs_path(self->shard), (unsigned long long)sfs_sidecar_slot_count(sidecar->sc),
+                     (unsigned long long)sfs_slot_count(self->shard));
+        return NULL;
+    }
+    uint32_t *chunk = malloc(DELETED_CHUNK * sizeof(uint32_t)), *found = NULL;
+    if (!chunk)
+        return PyErr_NoMemory();
+    size_t count = 0, cap = 0;
+    int rc = SFS_OK;
+    /* Both kept while the GIL is released (even if closed or initialised
+     * again meanwhile), and the sidecar's path for the error. */
+    sfs_sidecar_t *sc = sfs_sidecar_ref(sidecar->sc);
+    PyObject *sc_path = Py_NewRef(sidecar->path);
+    sfs_shard_t *shard = reader_hold(self);
+    Py_BEGIN_ALLOW_THREADS
+    for (uint64_t at = begin; at < end && rc == SFS_OK; at += DELETED_CHUNK) {
+        uint64_t to = end - at < DELETED_CHUNK ? end : at + DELETED_CHUNK, got = 0;
+        rc = deleted_chunk(sc, shard, at, to, chunk, &got);
+        if (rc != SFS_OK || got == 0)
+            continue;
+        if (count + got > cap) {
+            size_t grown = cap ? cap : 1024;
+            while (grown < count + got)
+                grown *= 2;
+            uint32_t *more = realloc(found, grown * sizeof(uint32_t));
+            if (!more) {
+                rc = SFS_ENOMEM;
+                break;
+            }
+            found = more;
+            cap = grown;
+        }
+        memcpy(found + count, chunk, got * sizeof(uint32_t));
+        count += got;
+    }
+    Py_END_ALLOW_THREADS
+    free(chunk);
+    sfs_sidecar_close(sc);
+    PyObject *list = NULL;
+    if (rc == SFS_EGONE) {
+        PyObject *args = Py_BuildValue(
+            "(iN)", EIO,
+            PyUnicode_FromFormat("%s: the shard or its sidecar %s shrank under its mapping (SIGBUS)",
+                                 sfs_path(shard), PyBytes_AS_STRING(sc_path)));
+        if (args) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
+    } else if (rc == SFS_ENOMEM)
+        PyErr_NoMemory();
+    else if (rc != SFS_OK) /* SFS_EINVAL: checked above */
+        PyErr_SetString(PyExc_ValueError, "the sidecar is not the shard's");
+    else if ((list = PyList_New((Py_ssize_t)count)) != NULL) {
+        for (size_t i = 0; i < count; i++) {
+            PyObject *v = PyLong_FromUnsignedLong(found[i]);
+            if (!v) {
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+        }
+    }
+    reader_unhold(self);
+    Py_DECREF(sc_path);
+    free(found);
+    return list;
+}
+
 static PyMethodDef Reader_methods[] = {
     {"get_batch", (PyCFunction)Reader_get_batch, METH_O,
      "get_batch(keys) -> list of bytes or None, in order: keys a sequence of 32-byte keys"},
@@ -759,6 +873,11 @@ static PyMethodDef Reader_methods[] = {
     {"live_count", (PyCFunction)Reader_live_count, METH_NOARGS, "Number of live objects."},
     {"check", (PyCFunction)Reader_check, METH_VARARGS,
      "check(max_reports=1000) -> (problem_count, [message...]): structure check."},
+    {"deleted_slots", (PyCFunction)(void (*)(void))Reader_deleted_slots, METH_VARARGS | METH_KEYWORDS,
+     "deleted_slots(sidecar, begin=0, end=None) -> [slot, ...]: the slots the sidecar lists at "
+     "positions [begin, end) (default: all) that are empty in this shard now (taken down since "
+     "it was built), in position order; without the GIL. IndexError outside [0, sidecar.count], "
+     "ValueError for another shard's sidecar (a different slot count)."},
     {"delete", (PyCFunction)Reader_delete, METH_O,
      "delete(key32) -> True if deleted, False if absent (needs writable=True)."},
     {NULL},

@@ -16,22 +16,7 @@ static PyObject *raise_sidecar_error(const sfs_error_t *err)
     return raise_error(err);
 }
 
-typedef struct {
-    PyObject_HEAD
-    sfs_sidecar_t *sc;
-    PyObject *path;   /* bytes: the path it was opened at (for errors) */
-    Py_ssize_t users; /* SidecarSet shard numbers holding it */
-    int closed;       /* close() called; the mapping stays while users > 0 */
-} Sidecar;
-
-static int sidecar_ready(Sidecar *self)
-{
-    if (!self->sc || self->closed) {
-        PyErr_SetString(PyExc_ValueError, "I/O operation on a closed sidecar");
-        return 0;
-    }
-    return 1;
-}
+/* The struct is in py_module.h: Reader.deleted_slots reads it too. */
 
 static int Sidecar_init(Sidecar *self, PyObject *args, PyObject *kwds)
 {

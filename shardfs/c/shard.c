@@ -667,6 +667,12 @@ uint64_t sfs_slot_get(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_K
     return be64(p + SFS_KEY_SIZE);
 }
 
+void sfs_prefetch_slot_entry(const sfs_shard_t *s, uint64_t slot)
+{
+    if (slot < s->slots)
+        __builtin_prefetch(slot_ptr(s, slot) + SFS_KEY_SIZE, 0, 0);
+}
+
 /* A size field at `offset` lies inside the objects section. */
 static inline int size_field_ok(const sfs_shard_t *s, uint64_t offset)
 {

@@ -117,6 +117,13 @@ uint32_t sfs_slot_of(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE]);
  * stored object offset (SFS_EMPTY_OFFSET for an empty or deleted slot). */
 uint64_t sfs_slot_get(const sfs_shard_t *shard, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE]);
 
+/* Start loading the offset field of slot `slot` into the CPU cache
+ * (__builtin_prefetch): a hint for a caller about to read many slots in an
+ * order of its own (sfs_sidecar_deleted), so that their cache misses
+ * overlap. Reads nothing and never fails; a slot outside [0, slot_count)
+ * is ignored. */
+void sfs_prefetch_slot_entry(const sfs_shard_t *shard, uint64_t slot);
+
 /* Find `key`. On SFS_OK, *data_offset is the absolute byte offset of the
  * object's first byte (just after its size field) and *size its length in
  * bytes; both checked to lie inside the objects section. Returns SFS_ENOTFOUND

@@ -769,3 +769,29 @@ uint32_t sfs_sidecar_fingerprint(const sfs_sidecar_t *sc, uint64_t i)
 {
     return i < sc->n ? le32toh(sc->fp[i]) : 0;
 }
+
+/* Entries sfs_sidecar_deleted prefetches the slot of ahead of the one it reads. */
+#define DELETED_AHEAD 16
+
+int sfs_sidecar_deleted(const sfs_sidecar_t *sc, const sfs_shard_t *shard, uint64_t begin,
+                        uint64_t end, uint32_t *out, uint64_t *found)
+{
+    *found = 0;
+    uint64_t slots = sfs_slot_count(shard);
+    if (sc->slot_count != slots)
+        return SFS_EINVAL;
+    if (end > sc->n)
+        end = sc->n;
+    uint64_t k = 0;
+    for (uint64_t i = begin; i < end && i < begin + DELETED_AHEAD; i++)
+        sfs_prefetch_slot_entry(shard, le32toh(sc->slots[i]));
+    for (uint64_t i = begin; i < end; i++) {
+        if (i + DELETED_AHEAD < end)
+            sfs_prefetch_slot_entry(shard, le32toh(sc->slots[i + DELETED_AHEAD]));
+        uint32_t slot = le32toh(sc->slots[i]);
+        if (slot < slots && sfs_slot_get(shard, slot, NULL) == SFS_EMPTY_OFFSET)
+            out[k++] = slot;
+    }
+    *found = k;
+    return SFS_OK;
+}

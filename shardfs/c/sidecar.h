@@ -160,6 +160,24 @@ uint64_t sfs_sidecar_slots(const sfs_sidecar_t *sc, uint64_t begin, uint64_t end
 /* Fingerprint of position i (bits [p, p+32) of its key), i < n. */
 uint32_t sfs_sidecar_fingerprint(const sfs_sidecar_t *sc, uint64_t i);
 
+/* Takedowns since the build: of the slots listed at positions [begin, end)
+ * (clamped to [0, n]), those whose index slot in `shard` is now empty
+ * (sfs_slot_get() == SFS_EMPTY_OFFSET: deleted since the sidecar was built,
+ * as sfs_delete leaves a slot). They are written to `out`, in position
+ * order (the sidecar's key order), and *found gets their number; `out` must
+ * have room for every position of the range (min(end, n) - begin u32s: each
+ * may be one). A listed slot outside [0, sfs_slot_count(shard)) (a damaged
+ * sidecar) is not reported. Reads each listed slot's offset field in the
+ * shard's mapping, in sidecar order (random in the index: the slot 16
+ * entries ahead is prefetched, sfs_prefetch_slot_entry; about 15 ns an
+ * entry when the index is cached); no system call, no allocation.
+ * Touches both mappings: call under SFS_GUARDED (guard.h). Any number of
+ * threads may call it at once (both objects are immutable).
+ * Returns SFS_OK; SFS_EINVAL, with *found = 0 and nothing read, when the
+ * sidecar's slot count is not the shard's (it belongs to another shard). */
+int sfs_sidecar_deleted(const sfs_sidecar_t *sc, const sfs_shard_t *shard, uint64_t begin,
+                        uint64_t end, uint32_t *out, uint64_t *found);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,8 +24,8 @@ request is one line of JSON::
 naming the shard by its file (device and inode numbers of a regular file,
 the device number of a block device). The coordinator invalidates, in
 every shard it serves from that file, the names of the keys in every
-directory where they can be looked up and the inodes of every object
-deleted since its sidecar was built (attributes and cached pages), then
+directory where they can be looked up and the inodes of their slots
+(attributes and cached pages), with no scan of the shard, then
 answers one line, ``{"shards": N, "invalidated": K}`` (N: shards it serves
 from that file, 0 when none), or ``{"error": "..."}``.
 

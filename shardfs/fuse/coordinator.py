@@ -18,7 +18,8 @@ what must be decided in one place:
   file is opened or closed: `open_object_inodes` looks at every process's
   open files instead).
 * **Takedowns.** When a served shard file is written (``shardfs delete``
-  works in place), its sidecar's slots are checked against the index and
+  works in place), its sidecar's slots are checked against the index (in
+  C, in a thread: the loop goes on meanwhile) and
   the inode of every object deleted since is invalidated in the kernel
   (attributes and cached pages), so it is gone from the mount within the
   live bound; the workers read the index slot at every OPEN and READ, so
@@ -110,6 +111,14 @@ PUBLISH_INTERVAL = 1.0
 PUBLISH_SHARDS = 10_000
 #: Added shards named one by one in the log, at most, per rescan.
 LOG_NAMES = 20
+#: Sidecar positions a written shard is checked for takedowns at, per call
+#: of `Shard.deleted_slots` in a thread (`Coordinator._invalidate_deleted`;
+#: about 15 ms each when the index is cached): between two, the check stops
+#: if the mount is being unmounted.
+CHECK_POSITIONS = 1 << 20
+#: Inodes invalidated in a row before the loop's other tasks get a turn
+#: (the takedown listener, signals), when a check finds many deleted.
+INVALIDATE_BATCH = 1024
 #: Most shards, and objects, the global index builder indexes in one level
 #: (see `index_batches`).
 INDEX_BATCH_SHARDS = 4096
@@ -206,6 +215,10 @@ class Coordinator:
         self._rescan_at: Optional[float] = None
         self._check_all = False
         self._dirty: Set[str] = set()  # paths of served shards written to
+        #: Served shards written to, to be checked for takedowns by the
+        #: `_check_written` task (by number, in the order they came).
+        self._to_check: Dict[int, MountedShard] = {}
+        self._check_wake: Any = None  # trio.Event: set when `_to_check` gains a shard
         #: Removed shards whose names the kernel may still cache: [member, next slot].
         self._forget: List[list] = []
         self._stopping = False
@@ -402,15 +415,19 @@ class Coordinator:
         what is due (rescan, winery poll, names to forget, shards to close,
         the next sidecar or index build, a publication), then wait for a
         signal, a file event, the builder's report or the next deadline.
-        One nursery holds the tasks that wait: signals, inotify readiness,
-        the builder's pipe. The work comes before the wait, so a build
+        One nursery holds the tasks that wait: signals, the takedown
+        listener, inotify readiness, the builder's pipe, and the check of
+        written shards for takedowns (`_check_written`: its slots are read
+        in a thread). The work comes before the wait, so a build
         finishing starts the next one at once."""
         import trio
 
         self._wake = trio.Event()
+        self._check_wake = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._take_signals)
             nursery.start_soon(self._serve_control)
+            nursery.start_soon(self._check_written)
             if self._inotify is not None:
                 nursery.start_soon(self._when_readable, self._inotify.fileno(), self._read_events,
                                    lambda: self._inotify is not None)
@@ -686,8 +703,10 @@ class Coordinator:
         dirty = [m for m in self.shards.served() if self._check_all or m.path in self._dirty]
         self._dirty.clear()
         self._check_all = False
-        for member in dirty:
-            self._invalidate_deleted(member)
+        for member in dirty:  # checked by `_check_written`, while the loop goes on
+            self._to_check[member.number] = member
+        if dirty:
+            self._check_wake.set()
 
     def _sync_catalog(self) -> None:
         """Poll the winery database (`shardfs.winery.Catalog.sync`):
@@ -751,33 +770,75 @@ class Coordinator:
         except (OSError, ValueError) as exc:
             log.warning("%s: cannot drop its cached pages: %s", member.path, exc)
 
-    def _invalidate_deleted(self, member: MountedShard) -> None:
+    async def _check_written(self) -> None:
+        """Check the shards `_follow` found written for takedowns, one
+        after the other (`_invalidate_deleted`), while the loop goes on:
+        reaping workers, answering the takedown listener, following files."""
+        import trio
+
+        while True:
+            await self._check_wake.wait()
+            self._check_wake = trio.Event()
+            while self._to_check:
+                number = next(iter(self._to_check))
+                member = self._to_check.pop(number)
+                if member.removed or self.shards.get(number) is not member:
+                    continue
+                try:
+                    await self._invalidate_deleted(member)
+                except Exception:  # never let one check end the coordinator
+                    log.exception("%s: the check for takedowns failed", member.path)
+
+    async def _invalidate_deleted(self, member: MountedShard) -> None:
         """Invalidate in the kernel the inodes of the objects of `member`
-        deleted since its sidecar was built (a takedown)."""
+        deleted since its sidecar was built (a takedown): the slots its
+        sidecar lists that are empty in the index now, but those known
+        already (invalidated before, or told by `shardfs delete`).
+
+        The slots are read in C without the GIL (`Shard.deleted_slots`),
+        CHECK_POSITIONS sidecar positions per call, in a thread: a shard
+        of millions of objects takes tens of milliseconds or more (its
+        index read in the sidecar's order), during which the loop keeps
+        going. The invalidations are made here, INVALIDATE_BATCH at a time."""
+        import trio
+
         sc = member.sidecar
         if sc is None:
             log.warning("%s was written to but has no sidecar yet: deleted objects cannot be "
                         "opened, their cached attributes expire with the kernel's caches", member.path)
             return
+        try:
+            shard = member.shard
+        except Exception:  # cannot be opened now: no slot of it can be read (its readers get errors)
+            return
+        count = sc.count
+        deleted: List[int] = []
+        started = time.monotonic()
+        for begin in range(0, count, CHECK_POSITIONS):
+            if self._stopping:
+                return
+            try:
+                deleted += await trio.to_thread.run_sync(shard.deleted_slots, sc, begin,
+                                                         min(begin + CHECK_POSITIONS, count))
+            except (OSError, ValueError) as exc:  # shrank under its mapping; closed as it was removed
+                if not member.removed:
+                    log.warning("%s: cannot check it for takedowns: %s", member.path, exc)
+                return
+        if member.removed or self.shards.get(member.number) is not member:
+            return  # removed meanwhile: its names and inodes are forgotten with it
         known = self._deleted.setdefault(member.number, set())
-        found = []
-        for begin in range(0, sc.count, 65536):  # bounded memory for huge shards
-            for slot in sc.slots(begin, min(begin + 65536, sc.count)):
-                if slot in known:
-                    continue
-                try:
-                    live = member.shard.slot(slot) is not None
-                except Exception:  # a corrupt slot: leave it to the readers (EIO)
-                    continue
-                if not live:
-                    known.add(slot)
-                    found.append(slot)
-        for slot in found:
+        found = [slot for slot in deleted if slot not in known]
+        known.update(found)
+        log.debug("%s: checked for takedowns in %.3f s: %d slot(s) listed, %d deleted, %d not known before",
+                  member.path, time.monotonic() - started, count, len(deleted), len(found))
+        for done, slot in enumerate(found, 1):
             try:
                 self.session.invalidate_inode(object_inode(member.number, slot))
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not know it
                     log.warning("cannot invalidate an object of %s: %s", member.path, exc)
+            if done % INVALIDATE_BATCH == 0:
+                await trio.sleep(0)
         if found:
             log.info("%s: %d object(s) deleted: invalidated in the kernel", member.path, len(found))
 

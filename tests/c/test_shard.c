@@ -447,6 +447,12 @@ static void test_delete(void)
     sfs_found_t found[50];
     CHECK(sfs_lookup_batch(s, (const uint8_t *)keys, n, found) == 0, "batch after a delete");
     CHECK(found[3].status == SFS_ENOTFOUND && found[4].status == SFS_OK, "batch: deleted is gone");
+    /* A hint that reads nothing: any slot, in the index or not. */
+    uint64_t hinted[] = {0, sfs_slot_of(s, keys[3]), sfs_slot_count(s) - 1, sfs_slot_count(s),
+                         UINT64_MAX};
+    for (size_t i = 0; i < sizeof(hinted) / sizeof(hinted[0]); i++)
+        sfs_prefetch_slot_entry(s, hinted[i]);
+    CHECK(sfs_slot_get(s, sfs_slot_of(s, keys[3]), NULL) == SFS_EMPTY_OFFSET, "prefetched: still empty");
     sfs_close(s);
     free(keys);
     free(p);

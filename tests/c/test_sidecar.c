@@ -5,7 +5,8 @@
  * checks: the file's layout (order, fingerprints, directory) against the
  * shard, no false negatives and few false positives, candidates() against
  * may_contain() one sidecar at a time, range() against a brute-force scan,
- * deleted slots left out, damaged files that either fail to open with the
+ * deleted slots left out, the slots deleted since a build found
+ * (sfs_sidecar_deleted), damaged files that either fail to open with the
  * documented status or answer without reading out of bounds, and builds
  * that fail (missing directory, file size limit) leaving nothing behind.
  * Every sidecar built from a quiet shard is also compared byte for byte
@@ -777,6 +778,142 @@ static void test_many_deleted(void)
     free(cp);
 }
 
+/* sfs_sidecar_deleted: found `found` slots in out, exactly the listed ones
+ * (listed[i] for want[i] set, in position order)? */
+static int same_deleted(const uint32_t *out, uint64_t found, const uint32_t *listed,
+                        const char *want, uint64_t n)
+{
+    uint64_t j = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (!want[i])
+            continue;
+        if (j >= found || out[j] != listed[i])
+            return 0;
+        j++;
+    }
+    return j == found;
+}
+
+/* sfs_sidecar_deleted after deletes made once the sidecar was built: it
+ * finds exactly the deleted slots the sidecar lists, in position order,
+ * over the whole range and over ranges of any size put end to end, and
+ * nothing before the deletes; the slots empty since the shard was written
+ * (never listed) are not reported, nor a listed slot outside the index (a
+ * damaged sidecar); another shard's sidecar (another slot count) is
+ * refused with SFS_EINVAL. */
+static void test_deleted_since_build(void)
+{
+    uint64_t n = 5000, m = 300;
+    uint8_t(*keys)[32] = malloc(n * 32), (*other_keys)[32] = malloc(m * 32);
+    char *sp = strdup(path_of("since.shard")), *cp = strdup(path_of("since.sidecar"));
+    char *dp = strdup(path_of("since-damaged.sidecar"));
+    char *op = strdup(path_of("since-other.shard")), *ocp = strdup(path_of("since-other.sidecar"));
+    uint32_t *listed = malloc(n * sizeof(uint32_t)), *out = malloc((n + 1) * sizeof(uint32_t));
+    char *want = calloc(n, 1);
+    CHECK(build_shard(sp, n, keys) == 0, "build");
+    CHECK(build_shard(op, m, other_keys) == 0, "build the other");
+    sfs_shard_t *s, *o;
+    sfs_sidecar_t *sc, *osc, *dsc;
+    sfs_error_t err;
+    REQUIRE(sfs_open(sp, 1, &s, &err) == SFS_OK, "open rw: %s", err.message);
+    REQUIRE(sfs_open(op, 0, &o, &err) == SFS_OK, "open the other: %s", err.message);
+    uint64_t slots = sfs_slot_count(s);
+    CHECK(sfs_slot_count(o) != slots, "slot counts differ");
+    CHECK(sfs_sidecar_build(s, cp, ident_a, &err) == SFS_OK, "build sidecar: %s", err.message);
+    CHECK(sfs_sidecar_build(o, ocp, ident_b, &err) == SFS_OK, "build sidecar: %s", err.message);
+    REQUIRE(sfs_sidecar_open(cp, ident_a, slots, &sc, &err) == SFS_OK, "open sidecar: %s", err.message);
+    REQUIRE(sfs_sidecar_open(ocp, ident_b, sfs_slot_count(o), &osc, &err) == SFS_OK, "open: %s",
+            err.message);
+    REQUIRE(sfs_sidecar_slots(sc, 0, n, listed) == n, "all listed");
+    CHECK(slots > n, "some slots empty from the start (%llu slots)", (unsigned long long)slots);
+
+    uint64_t found = 99;
+    CHECK(sfs_sidecar_deleted(sc, s, 0, n, out, &found) == SFS_OK && found == 0,
+          "none deleted yet: %llu found", (unsigned long long)found);
+
+    /* Deleted: the first and last positions and every 97th. */
+    uint64_t deleted = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (i != 0 && i != n - 1 && i % 97 != 5)
+            continue;
+        uint8_t key[32];
+        CHECK(sfs_slot_get(s, listed[i], key) != SFS_EMPTY_OFFSET, "listed slot live");
+        CHECK(sfs_delete(s, key, &err) == SFS_OK, "delete: %s", err.message);
+        want[i] = 1;
+        deleted++;
+    }
+    found = 0;
+    CHECK(sfs_sidecar_deleted(sc, s, 0, n, out, &found) == SFS_OK, "whole range");
+    CHECK(found == deleted, "%llu found, %llu deleted", (unsigned long long)found,
+          (unsigned long long)deleted);
+    CHECK(same_deleted(out, found, listed, want, n), "the deleted slots, in position order");
+    found = 0;
+    CHECK(sfs_sidecar_deleted(sc, s, 0, n + 1000, out, &found) == SFS_OK && found == deleted,
+          "end clamped to the count");
+    uint64_t chunks[] = {1, 7, 97, 1000, 4999};
+    for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+        uint64_t total = 0, ok = 1;
+        for (uint64_t at = 0; at < n; at += chunks[c]) {
+            uint64_t got = 0;
+            ok &= sfs_sidecar_deleted(sc, s, at, at + chunks[c], out + total, &got) == SFS_OK;
+            total += got;
+        }
+        CHECK(ok && total == deleted && same_deleted(out, total, listed, want, n),
+              "ranges of %llu end to end: %llu found", (unsigned long long)chunks[c],
+              (unsigned long long)total);
+    }
+    found = 99;
+    CHECK(sfs_sidecar_deleted(sc, s, n, n + 5, out, &found) == SFS_OK && found == 0, "past the end");
+    found = 99;
+    CHECK(sfs_sidecar_deleted(sc, s, 10, 10, out, &found) == SFS_OK && found == 0, "empty range");
+    found = 99;
+    CHECK(sfs_sidecar_deleted(sc, s, 20, 10, out, &found) == SFS_OK && found == 0, "begin > end");
+    found = 99;
+    CHECK(sfs_sidecar_deleted(sc, s, UINT64_MAX - 1, UINT64_MAX, out, &found) == SFS_OK && found == 0,
+          "a range far past the end");
+
+    /* Another shard's sidecar, either way round: refused, nothing found. */
+    found = 99;
+    CHECK(sfs_sidecar_deleted(osc, s, 0, m, out, &found) == SFS_EINVAL && found == 0,
+          "another shard's sidecar");
+    found = 99;
+    CHECK(sfs_sidecar_deleted(sc, o, 0, n, out, &found) == SFS_EINVAL && found == 0,
+          "another shard's sidecar (2)");
+
+    /* A damaged copy whose first entry (deleted) lists a slot past the
+     * index and whose second (live) the first slot past it: neither is
+     * reported. */
+    long size = file_size(cp);
+    CHECK(copy_file(cp, dp, size) == 0, "copy");
+    long at = 64 + 4 * ((1L << sfs_sidecar_prefix_bits(sc)) + 1) + 4 * (long)n;
+    uint32_t past[2] = {0xFFFFFFFFu, (uint32_t)slots};
+    CHECK(!want[1], "position 1 live");
+    patch(dp, at, past, sizeof(past));
+    REQUIRE(sfs_sidecar_open(dp, ident_a, slots, &dsc, &err) == SFS_OK, "open: %s", err.message);
+    found = 0;
+    CHECK(sfs_sidecar_deleted(dsc, s, 0, n, out, &found) == SFS_OK && found == deleted - 1,
+          "damaged: %llu found, want %llu", (unsigned long long)found,
+          (unsigned long long)deleted - 1);
+    want[0] = 0;
+    CHECK(same_deleted(out, found, listed, want, n), "damaged: the others, in order");
+
+    sfs_sidecar_close(dsc);
+    sfs_sidecar_close(osc);
+    sfs_sidecar_close(sc);
+    sfs_close(o);
+    sfs_close(s);
+    free(want);
+    free(out);
+    free(listed);
+    free(keys);
+    free(other_keys);
+    free(sp);
+    free(cp);
+    free(dp);
+    free(op);
+    free(ocp);
+}
+
 /* Keys that agree on their first `bits` bits with `base`, random after. */
 static void key_sharing(uint8_t out[32], const uint8_t base[32], unsigned bits)
 {
@@ -1102,6 +1239,7 @@ int main(void)
     test_damaged_tiny();
     test_failed_builds();
     test_many_deleted();
+    test_deleted_since_build();
     test_ties();
     test_truncated_shard();
     test_concurrent_changes();

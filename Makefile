@@ -19,7 +19,7 @@ C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/w
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h shardfs/c/ll.h \
 	shardfs/c/ll_fast.c shardfs/c/ll_snapshot.c shardfs/c/ll_snapshot.h shardfs/c/ll_resolve.c shardfs/c/ll_resolve.h \
-	shardfs/c/ll_guarded.h
+	shardfs/c/ll_guarded.h shardfs/c/ll_ahead.c shardfs/c/ll_ahead.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
 	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h
 

@@ -36,7 +36,7 @@ extension = Extension(
     # py_*.c file per type (py_module.h).
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
              "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c", "shardfs/c/hashindex.c",
-             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/ll_snapshot.c", "shardfs/c/ll_resolve.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
+             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/ll_ahead.c", "shardfs/c/ll_snapshot.c", "shardfs/c/ll_resolve.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
              "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h",
              "shardfs/c/py_module.h", "shardfs/c/ll.h", "shardfs/c/ll_names.h", "shardfs/c/rbd.h"],

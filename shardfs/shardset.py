@@ -226,6 +226,44 @@ class OpenCache:
         return len(self.items)
 
 
+@dataclass(frozen=True)
+class SnapshotState:
+    """What a snapshot of the C resolver (``shardfs/c/ll_snapshot.h``) is
+    built from: the mount's request path (`shardfs.fuse.handlers.ShardFS.
+    fast_state`) and `shardfs._shardfs.Resolver` read these attributes."""
+
+    #: The served shards open in the process (`shardfs._shardfs.OpenShards`).
+    open_shards: Any
+    #: The per-shard filters (`shardfs._shardfs.SidecarSet`) of the shards
+    #: no global index level holds, or None when none.
+    filters: Any
+    #: The global index levels (`shardfs._shardfs.GlobalIndex`) and, for
+    #: each, an ``array('q')`` from its shard index to a shard number
+    #: (negative: not served).
+    levels: Tuple[Any, ...]
+    maps: Tuple[Any, ...]
+    #: ``array('q')``, per shard number: served (its mtime in ns, or 0),
+    #: ``SHARD_REMOVED`` (no longer served; read for files opened before)
+    #: or ``SHARD_UNKNOWN``.
+    states: Any
+    #: The cumulative hex prefix length of each fan-out level (() flat).
+    prefix_lengths: Tuple[int, ...] = ()
+    #: The directories' mtime in ns.
+    dir_time_ns: int = 0
+    #: The shard table sequence the set matches (a mount's worker).
+    applied: int = 0
+    #: Per shard number: (its sidecar's path as bytes, its 32-byte
+    #: identity) or None, for pushes ahead in key order.
+    orders: Tuple[Any, ...] = ()
+    #: The names by sha1 and sha1_git: None, or a pair, each None or
+    #: (directory inode, levels, maps, `HashIndex` or None per shard
+    #: number, ``array('q')`` of the indexed shards no level holds).
+    hashes: Any = None
+    #: (shard number, `shardfs._shardfs.Reader`) of each removed shard
+    #: still open here.
+    removed_open: Tuple[Tuple[int, Any], ...] = ()
+
+
 def file_ident(st: os.stat_result) -> Tuple[int, int, int]:
     """(st_dev, st_ino, st_rdev): which file (or device) a stat names."""
     return (st.st_dev, st.st_ino, st.st_rdev)
@@ -340,13 +378,11 @@ class ShardSet:
     def probes(self, value: int) -> None:
         self._probes = value
 
-    def resolver_state(self, mtimes: bool = False) -> Tuple[Any, ...]:
-        """What the C resolver (``shardfs/c/ll_resolve.h``) reads of the set,
-        as `shardfs.fuse.handlers.ShardFS.fast_state` documents it: (the
-        `OpenShards`, the filters or None, the global index levels, their
-        maps, an ``array('q')`` of each shard number's state: served (its
-        mtime in ns when `mtimes`, else 0), SHARD_REMOVED or
-        SHARD_UNKNOWN)."""
+    def resolver_state(self, mtimes: bool = False) -> SnapshotState:
+        """What the C resolver (``shardfs/c/ll_resolve.h``) reads of the set
+        (a flat layout, no names by other hashes): its open shards,
+        filters, global index levels and each shard number's state (a
+        served shard's mtime in ns when `mtimes`, else 0)."""
         if self._filtered[0] != self.version:
             self._filtered = (self.version, len(self.filters))
         levels, maps = self.index.lookup_args if self.index is not None else ((), ())
@@ -354,7 +390,7 @@ class ShardSet:
         for member in self.shards.values():
             states[member.number] = (_shardfs.SHARD_REMOVED if member.removed
                                      else int(round(member.mtime * 1e9)) if mtimes else 0)
-        return (self.open_table, self.filters if self._filtered[1] else None, levels, maps, states)
+        return SnapshotState(self.open_table, self.filters if self._filtered[1] else None, levels, maps, states)
 
     def resolver(self) -> Any:
         """The C resolver (`shardfs._shardfs.Resolver`) over the set as it
@@ -364,7 +400,7 @@ class ShardSet:
         made_of = (self.version, levels, _shardfs.table_generation())
         old, resolver = self._resolver
         if resolver is None or old[0] != made_of[0] or old[1] is not made_of[1] or old[2] != made_of[2]:
-            resolver = _shardfs.Resolver(self.resolver_state() + ((), 0, 0, (), None, ()))
+            resolver = _shardfs.Resolver(self.resolver_state())
             self._resolver = (made_of, resolver)
         return resolver
 

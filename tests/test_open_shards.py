@@ -15,7 +15,7 @@ import pytest
 
 from shardfs import Shard, _shardfs, sidecar
 from shardfs.errors import CorruptShardError
-from shardfs.shardset import OpenCache, ShardSet
+from shardfs.shardset import OpenCache, ShardSet, SnapshotState
 
 from test_gindex import build_shard, sha
 
@@ -70,7 +70,7 @@ def find(table, key, levels, maps, filters=None, start=0, below=-1, count=True, 
     is served. Raises CorruptShardError or OSError as ShardSet.find."""
     numbers = [n for m in maps for n in m if n >= 0]
     states = array.array("q", [0]) * (max(numbers + [SERVED - 1]) + 1)
-    resolver = _shardfs.Resolver((table, filters, levels, maps, states, (), 0, 0, (), None, ()))
+    resolver = _shardfs.Resolver(SnapshotState(table, filters, levels, maps, states))
     code, value = resolver.find(key, start, below)
     if code == _shardfs.RESOLVE_OPEN:
         return value
@@ -279,8 +279,8 @@ def test_bad_arguments(level):
     table = OpenShards()
     states = array.array("q", [0]) * SERVED
 
-    def resolver(levels=(g,), maps=(numbers,), filters=None):
-        return _shardfs.Resolver((table, filters, levels, maps, states, (), 0, 0, (), None, ()))
+    def resolver(levels=(g,), maps=(numbers,), filters=None, **more):
+        return _shardfs.Resolver(SnapshotState(table, filters, levels, maps, states, **more))
 
     with pytest.raises(ValueError):
         resolver().find(b"short")
@@ -290,12 +290,14 @@ def test_bad_arguments(level):
         resolver(levels=("not a level",))
     with pytest.raises(TypeError):
         resolver(filters="not a SidecarSet")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="open_shards must be an OpenShards"):
+        _shardfs.Resolver(SnapshotState("not a table", None, (g,), (numbers,), states))
+    with pytest.raises(AttributeError):
         _shardfs.Resolver((table, None, (g,)))
-    with pytest.raises(TypeError):
-        _shardfs.Resolver([table])
-    with pytest.raises(TypeError, match="must be tuple"):
+    with pytest.raises(TypeError, match="levels, maps"):
         resolver(levels=[g])
+    with pytest.raises(ValueError, match="prefix lengths"):
+        resolver(prefix_lengths=(3, 2))
     # start and below by position.
     assert resolver().find(keys[0][0], 0, 100) == (_shardfs.RESOLVE_ABSENT, 0)
     assert resolver().find(keys[0][0], 0, -1) == (_shardfs.RESOLVE_OPEN, 100)

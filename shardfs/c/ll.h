@@ -31,14 +31,24 @@
 
 #pragma GCC visibility push(hidden)
 
-/* Request kinds counted, in the order of shardfs.fuse.shared.REQUEST_KINDS
- * (the counters of a worker's row in the mount's shared memory). */
+/* Request kinds counted (the counters of a worker's row in the mount's
+ * shared memory), exported to Python as shardfs._shardfs.REQUEST_KINDS
+ * (the names of ll_kind_names, in this order: shardfs.fuse.shared). */
 enum ll_kind {
     LL_LOOKUP, LL_FORGET, LL_GETATTR, LL_OPEN, LL_READ, LL_FLUSH, LL_RELEASE, LL_OPENDIR, LL_READDIR,
     LL_RELEASEDIR, LL_STATFS, LL_ACCESS, LL_GETXATTR, LL_LISTXATTR, LL_SETATTR, LL_MKNOD, LL_MKDIR,
     LL_UNLINK, LL_RMDIR, LL_SYMLINK, LL_RENAME, LL_LINK, LL_CREATE, LL_WRITE, LL_SETXATTR,
     LL_REMOVEXATTR, LL_IOCTL, LL_OTHER, LL_KINDS
 };
+extern const char *const ll_kind_names[LL_KINDS];
+
+/* What the C request path counts besides requests, one word each of a
+ * worker's row (written only by C, atomically), exported to Python as
+ * shardfs._shardfs.STAT_WORDS (the names of ll_stat_names, in this
+ * order): lookups answered, index probes, objects pushed ahead into the
+ * kernel's page cache, pushes the kernel refused, hash index probes. */
+enum ll_stat { LL_STAT_LOOKUPS, LL_STAT_PROBES, LL_STAT_PUSHED, LL_STAT_PUSH_REFUSED, LL_STAT_HASH_PROBES, LL_STATS };
+extern const char *const ll_stat_names[LL_STATS];
 
 struct ll_fast; /* ll_fast.c: the shards C serves alone */
 

@@ -18,6 +18,9 @@
  * the snapshot is published (fewer than 2^40 requests in flight). */
 #define BIAS ((int64_t)1 << 40)
 
+struct state_fields;
+static ll_snapshot_t *ll_snapshot_build_fields(const struct state_fields *in);
+
 static void free_levels(struct ll_level *levels, size_t n)
 {
     for (size_t i = 0; levels && i < n; i++) {
@@ -53,6 +56,12 @@ static void snapshot_free(ll_snapshot_t *s)
         free(h->unlevelled);
     }
     free(s);
+}
+
+void ll_snapshot_discard(ll_snapshot_t *s)
+{
+    if (s)
+        snapshot_free(s);
 }
 
 /* ---------------------------------------------------------------- publish */
@@ -120,7 +129,7 @@ static int copy_i64(PyObject *obj, int64_t **out, size_t *n)
 static int take_levels(PyObject *levels, PyObject *maps, struct ll_level **out, size_t *n)
 {
     if (!PyTuple_Check(levels) || !PyTuple_Check(maps) || PyTuple_GET_SIZE(levels) != PyTuple_GET_SIZE(maps)) {
-        PyErr_SetString(PyExc_TypeError, "fast_state(): levels and maps must be tuples of one length");
+        PyErr_SetString(PyExc_TypeError, "snapshot state: levels and maps must be tuples of one length");
         return -1;
     }
     *n = (size_t)PyTuple_GET_SIZE(levels);
@@ -129,7 +138,7 @@ static int take_levels(PyObject *levels, PyObject *maps, struct ll_level **out, 
     for (size_t i = 0; i < *n; i++) {
         PyObject *level = PyTuple_GET_ITEM(levels, i);
         if (!PyObject_TypeCheck(level, &GlobalIndexType)) {
-            PyErr_SetString(PyExc_TypeError, "fast_state(): levels must be GlobalIndex objects");
+            PyErr_SetString(PyExc_TypeError, "snapshot state: levels must be GlobalIndex objects");
             return -1;
         }
         if (!gindex_ready((GlobalIndex *)level))
@@ -149,7 +158,7 @@ static int take_hashes(ll_snapshot_t *s, PyObject *hashes)
     if (hashes == Py_None)
         return 0;
     if (!PyTuple_Check(hashes) || PyTuple_GET_SIZE(hashes) != 2) {
-        PyErr_SetString(PyExc_TypeError, "fast_state(): hashes must be None or a pair");
+        PyErr_SetString(PyExc_TypeError, "snapshot state: hashes must be None or a pair");
         return -1;
     }
     for (int k = 0; k < 2; k++) {
@@ -172,7 +181,7 @@ static int take_hashes(ll_snapshot_t *s, PyObject *hashes)
             if (o == Py_None)
                 continue;
             if (!PyObject_TypeCheck(o, &HashIndexType)) {
-                PyErr_SetString(PyExc_TypeError, "fast_state(): hash indexes must be HashIndex or None");
+                PyErr_SetString(PyExc_TypeError, "snapshot state: hash indexes must be HashIndex or None");
                 return -1;
             }
             if (((HashIndex *)o)->hx)
@@ -207,7 +216,7 @@ static int take_shards(ll_snapshot_t *s, OpenShards *open, PyObject *mtimes, PyO
         PyObject *id = path ? PyTuple_GET_ITEM(o, 1) : NULL;
         if (!path || !PyBytes_Check(path) || !PyBytes_Check(id) ||
             PyBytes_GET_SIZE(id) != SFS_SIDECAR_IDENTITY_SIZE) {
-            PyErr_SetString(PyExc_TypeError, "fast_state(): orders must hold None or (path, 32-byte identity)");
+            PyErr_SetString(PyExc_TypeError, "snapshot state: orders must hold None or (path, 32-byte identity)");
             return -1;
         }
         if (!(s->orders[i].path = strdup(PyBytes_AS_STRING(path)))) {
@@ -235,7 +244,7 @@ static int take_filters(ll_snapshot_t *s, PyObject *filters)
     if (filters == Py_None)
         return 0;
     if (!PyObject_TypeCheck(filters, &SidecarSetType)) {
-        PyErr_SetString(PyExc_TypeError, "fast_state(): filters must be a SidecarSet or None");
+        PyErr_SetString(PyExc_TypeError, "snapshot state: filters must be a SidecarSet or None");
         return -1;
     }
     SidecarSet *set = (SidecarSet *)filters;
@@ -252,17 +261,61 @@ static int take_filters(ll_snapshot_t *s, PyObject *filters)
     return 0;
 }
 
-/* state = (open_shards, filters, levels, maps, mtimes, prefix_lengths,
- * dir_time_ns, applied, orders, hashes, removed_open): see
- * ShardFS.fast_state. */
+/* The attributes of `state` the snapshot is built from (new references),
+ * type-checked. */
+struct state_fields {
+    PyObject *open_shards, *filters, *levels, *maps, *states, *prefix_lengths, *dir_time_ns, *applied, *orders,
+        *hashes, *removed_open;
+};
+
+static void fields_release(struct state_fields *f)
+{
+    PyObject **v = (PyObject **)f;
+    for (size_t i = 0; i < sizeof(*f) / sizeof(PyObject *); i++)
+        Py_CLEAR(v[i]);
+}
+
+static int fields_take(PyObject *state, struct state_fields *f)
+{
+    static const char *const names[] = {"open_shards", "filters", "levels", "maps", "states", "prefix_lengths",
+                                        "dir_time_ns", "applied", "orders", "hashes", "removed_open"};
+    PyObject **v = (PyObject **)f;
+    memset(f, 0, sizeof(*f));
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!(v[i] = PyObject_GetAttrString(state, names[i])))
+            return -1;
+    if (!PyObject_TypeCheck(f->open_shards, &OpenShardsType) || !PyTuple_Check(f->levels) ||
+        !PyTuple_Check(f->maps) || !PyTuple_Check(f->prefix_lengths) || !PyTuple_Check(f->orders) ||
+        !PyTuple_Check(f->removed_open) || !PyLong_Check(f->dir_time_ns) || !PyLong_Check(f->applied)) {
+        PyErr_SetString(PyExc_TypeError, "snapshot state: open_shards must be an OpenShards; levels, maps, "
+                                         "prefix_lengths, orders and removed_open tuples; dir_time_ns and "
+                                         "applied ints");
+        return -1;
+    }
+    return 0;
+}
+
+/* `state`: a shardfs.shardset.SnapshotState (its attributes are read). */
 ll_snapshot_t *ll_snapshot_build(PyObject *state)
 {
-    PyObject *open, *filters, *levels, *maps, *mtimes, *prefixes, *orders, *hashes, *removed_open;
-    long long dir_time_ns, applied;
-    if (!PyArg_ParseTuple(state, "O!OO!O!OO!LLO!OO!:fast_state", &OpenShardsType, &open, &filters, &PyTuple_Type,
-                          &levels, &PyTuple_Type, &maps, &mtimes, &PyTuple_Type, &prefixes, &dir_time_ns, &applied,
-                          &PyTuple_Type, &orders, &hashes, &PyTuple_Type, &removed_open))
+    struct state_fields in;
+    if (fields_take(state, &in) < 0) {
+        fields_release(&in);
         return NULL;
+    }
+    ll_snapshot_t *s = ll_snapshot_build_fields(&in);
+    fields_release(&in);
+    return s;
+}
+
+static ll_snapshot_t *ll_snapshot_build_fields(const struct state_fields *in)
+{
+    long long dir_time_ns = PyLong_AsLongLong(in->dir_time_ns), applied = PyLong_AsLongLong(in->applied);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *open = in->open_shards, *filters = in->filters, *levels = in->levels, *maps = in->maps,
+             *mtimes = in->states, *prefixes = in->prefix_lengths, *orders = in->orders, *hashes = in->hashes,
+             *removed_open = in->removed_open;
     ll_snapshot_t *s = alloc_array(1, sizeof(*s));
     if (!s)
         return NULL;
@@ -281,7 +334,7 @@ ll_snapshot_t *ll_snapshot_build(PyObject *state)
             goto fail;
     }
     if (depth > SFS_LL_MAX_DEPTH || sfs_ll_layout_init(&s->layout, nhex, (int)depth) < 0) {
-        PyErr_SetString(PyExc_ValueError, "fast_state(): prefix lengths must grow, 1..7 hex digits");
+        PyErr_SetString(PyExc_ValueError, "snapshot state: prefix lengths must grow, 1..7 hex digits");
         goto fail;
     }
     if (take_shards(s, (OpenShards *)open, mtimes, orders, removed_open) < 0 || take_levels(levels, maps, &s->levels, &s->nlevels) < 0 ||

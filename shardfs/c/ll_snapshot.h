@@ -86,10 +86,15 @@ typedef struct ll_snapshot {
     struct ll_hash_names hashes[2]; /* [0] sha1, [1] sha1_git */
 } ll_snapshot_t;
 
-/* Build a snapshot from the handlers' state (ShardFS.fast_state(): a
- * tuple, see ll_fast.c). Under the GIL. Returns it (not published), or
- * NULL with an exception set (TypeError, ValueError, MemoryError). */
+/* Build a snapshot from `state`, a shardfs.shardset.SnapshotState (its
+ * attributes: open_shards, filters, levels, maps, states, prefix_lengths,
+ * dir_time_ns, applied, orders, hashes, removed_open; documented there).
+ * Under the GIL. Returns it (not published), or NULL with an exception set
+ * (AttributeError, TypeError, ValueError, MemoryError). */
 ll_snapshot_t *ll_snapshot_build(PyObject *state);
+
+/* Free a snapshot that was never published. NULL is accepted. */
+void ll_snapshot_discard(ll_snapshot_t *snap);
 
 /* The published snapshot of a process: a pointer and, in its top 16 bits,
  * the references taken since it was published. */

@@ -132,6 +132,30 @@ int grow_dense(void **items, size_t item_size, unsigned char **bytes, Py_ssize_t
     return 0;
 }
 
+const char *const ll_kind_names[LL_KINDS] = {
+    "lookup", "forget", "getattr", "open", "read", "flush", "release", "opendir", "readdir",
+    "releasedir", "statfs", "access", "getxattr", "listxattr", "setattr", "mknod", "mkdir",
+    "unlink", "rmdir", "symlink", "rename", "link", "create", "write", "setxattr",
+    "removexattr", "ioctl", "other",
+};
+
+const char *const ll_stat_names[LL_STATS] = {"lookups", "probes", "pushed", "push_refused", "hash_probes"};
+
+/* A tuple of `n` names. New reference, or NULL with an exception. */
+static PyObject *names_tuple(const char *const *names, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *name = PyUnicode_FromString(names[i]);
+        if (!name) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, name);
+    }
+    return t;
+}
+
 static PyObject *table_generation(PyObject *module, PyObject *unused)
 {
     return PyLong_FromUnsignedLongLong(sfs_table_generation);
@@ -233,6 +257,8 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddObject(m, "DirBuffer", (PyObject *)&DirBufferType) < 0 ||
         PyModule_AddObject(m, "HashIndex", (PyObject *)&HashIndexType) < 0 ||
         PyModule_AddObject(m, "Resolver", (PyObject *)&ResolverType) < 0 ||
+        PyModule_AddObject(m, "REQUEST_KINDS", names_tuple(ll_kind_names, LL_KINDS)) < 0 ||
+        PyModule_AddObject(m, "STAT_WORDS", names_tuple(ll_stat_names, LL_STATS)) < 0 ||
         PyModule_AddIntConstant(m, "SHARD_REMOVED", LL_REMOVED) < 0 ||
         PyModule_AddIntConstant(m, "SHARD_UNKNOWN", LL_UNKNOWN) < 0 ||
         PyModule_AddIntConstant(m, "RESOLVE_FOUND", LL_FOUND) < 0 ||

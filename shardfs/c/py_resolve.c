@@ -49,14 +49,16 @@ static ll_snapshot_t *resolver_snapshot(Resolver *self)
 
 static int Resolver_init(Resolver *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *state;
-    if (!PyArg_ParseTuple(args, "O!:Resolver", &PyTuple_Type, &state))
+    PyObject *state, *open;
+    if (!PyArg_ParseTuple(args, "O:Resolver", &state))
         return -1;
     ll_snapshot_t *snap = ll_snapshot_build(state);
-    if (!snap)
+    if (!snap || !(open = PyObject_GetAttrString(state, "open_shards"))) {
+        ll_snapshot_discard(snap);
         return -1;
+    }
     ll_snapshot_publish(&self->current, snap);
-    Py_XSETREF(self->open, (OpenShards *)Py_NewRef(PyTuple_GET_ITEM(state, 0)));
+    Py_XSETREF(self->open, (OpenShards *)open);
     return 0;
 }
 
@@ -235,8 +237,8 @@ PyTypeObject ResolverType = {
     .tp_basicsize = sizeof(Resolver),
     .tp_dealloc = (destructor)Resolver_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Resolver(state): the request path's resolver over a snapshot of a mount's shard set "
-              "(state: ShardFS.fast_state()); see lookup, inode, read",
+    .tp_doc = "Resolver(state): the request path's resolver over a snapshot of a shard set "
+              "(state: a shardfs.shardset.SnapshotState); see lookup, find, inode, read",
     .tp_methods = Resolver_methods,
     .tp_init = (initproc)Resolver_init,
     .tp_new = PyType_GenericNew,

@@ -286,7 +286,7 @@ static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
     }
     if (seq != Py_None && words_buffer(seq, &self->seq_view, 1, "seq") < 0)
         return NULL;
-    if (stats != Py_None && words_buffer(stats, &self->stats_view, 5, "stats") < 0)
+    if (stats != Py_None && words_buffer(stats, &self->stats_view, LL_STATS, "stats") < 0)
         return NULL;
     self->fast = ll_fast_new(self->seq_view.obj ? self->seq_view.buf : NULL,
                              self->stats_view.obj ? self->stats_view.buf : NULL);

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import array
 import collections
+import dataclasses
 import errno
 import functools
 import json
@@ -311,18 +312,13 @@ class ShardFS:
         """What the C request path needs to answer LOOKUP, GETATTR and READ
         without calling the handlers (``shardfs/c/ll_fast.c``), taken again
         after every handler: None in a winery mount (every request comes
-        here: hidden keys, objects only in the database), else (the
-        `OpenShards` of the set, its `SidecarSet` of filters or None, the
-        global index levels, their maps from a level's shard index to a
-        shard number, an ``array('q')`` of each shard number's mtime in ns
-        (SHARD_REMOVED: no longer served; SHARD_UNKNOWN: not known here:
-        `shardfs.shardset.ShardSet.resolver_state`), the cumulative hex prefix length of each fan-out level, the
-        directories' mtime in ns, the shard table sequence the set matches,
-        the sidecar (path, identity) of each shard number for pushes in key
-        order, the names by other hashes (`_fast_hashes`), and (number,
-        `Reader`) of each removed shard still open here). The same tuple
-        is returned while none of it changed, so that the C side rebuilds
-        nothing (``shardfs/c/ll_snapshot.c`` builds a snapshot of it)."""
+        here: hidden keys, objects only in the database), else a
+        `shardfs.shardset.SnapshotState` of the set (its shards' mtimes,
+        the layout, the table sequence applied, the sidecars for pushes in
+        key order, the names by other hashes, the removed shards still open
+        here). The same object is returned while none of it changed, so
+        that the C side rebuilds nothing (``shardfs/c/ll_snapshot.c``
+        builds a snapshot of it)."""
         if self.winery is not None:
             return None
         shards = self.shards
@@ -341,13 +337,14 @@ class ShardFS:
             if shard is not None:
                 removed_open.append((member.number, shard.reader))
         prefixes = tuple(self.layout.prefix_len(d) for d in range(1, self.layout.depth + 1))
-        orders = [None] * len(base[4])  # sidecars: slots in key order, for pushes ahead
+        orders = [None] * len(base.states)  # sidecars: slots in key order, for pushes ahead
         for member in shards.served():
             if member.sidecar_dir is not None and member.identity:
                 orders[member.number] = (os.fsencode(sidecar_mod.sidecar_path(member.sidecar_dir, member.identity)),
                                          member.identity)
-        state = base + (prefixes, self._dir_time_ns, made_of[3], tuple(orders), self._fast_hashes(len(orders)),
-                        tuple(removed_open))
+        state = dataclasses.replace(base, prefix_lengths=prefixes, dir_time_ns=self._dir_time_ns,
+                                    applied=made_of[3], orders=tuple(orders),
+                                    hashes=self._fast_hashes(len(orders)), removed_open=tuple(removed_open))
         self._fast = (made_of, state)
         return state
 

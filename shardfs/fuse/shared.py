@@ -40,14 +40,11 @@ import mmap
 import time
 from typing import Any, Dict, List, Tuple
 
-#: Request kinds counted per worker, in this order (the order of enum
-#: ll_kind in shardfs/c/ll.h, where they are counted).
-REQUEST_KINDS = (
-    "lookup", "forget", "getattr", "open", "read", "flush", "release", "opendir", "readdir",
-    "releasedir", "statfs", "access", "getxattr", "listxattr", "setattr", "mknod", "mkdir",
-    "unlink", "rmdir", "symlink", "rename", "link", "create", "write", "setxattr",
-    "removexattr", "ioctl", "other",
-)
+from shardfs import _shardfs
+
+#: Request kinds counted per worker, in this order: the names of enum
+#: ll_kind in shardfs/c/ll.h, where they are counted.
+REQUEST_KINDS = _shardfs.REQUEST_KINDS
 
 #: Requests that reached the Python handlers (shardfs.fuse.handlers.ShardFS:
 #: what the C request path does not answer alone), counted per worker by
@@ -75,8 +72,11 @@ ROW_WORDS = 64
 # RING_NEXT is the worker's ring's last number; KINDS.. the requests by
 # kind (C, atomically); PY_LOOKUPS, PY_PROBES, PY_HASH_PROBES the lookups,
 # index probes and hash probes of the Python handlers (WorkerHooks.end).
-LOOKUPS, PROBES, PUSHED, PUSH_REFUSED, HASH_PROBES, RING_NEXT = 2, 3, 4, 5, 6, 7
-KINDS = 8
+STATS = 2  # the C request path's enum ll_stat (ll.h), from here on
+LOOKUPS, PROBES, PUSHED, PUSH_REFUSED, HASH_PROBES = (
+    STATS + _shardfs.STAT_WORDS.index(name) for name in ("lookups", "probes", "pushed", "push_refused", "hash_probes"))
+RING_NEXT = STATS + len(_shardfs.STAT_WORDS)
+KINDS = RING_NEXT + 1
 PY_LOOKUPS, PY_PROBES, PY_HASH_PROBES = 36, 37, 38
 assert KINDS + len(REQUEST_KINDS) <= PY_LOOKUPS
 #: First word of a row's PYTHON_KINDS counters (after the Python handlers' lookups and probes).

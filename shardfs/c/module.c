@@ -156,6 +156,32 @@ static PyObject *names_tuple(const char *const *names, int n)
     return t;
 }
 
+/* object_inode(number, slot) -> the inode of slot `slot` of shard `number`. */
+static PyObject *object_inode(PyObject *module, PyObject *args)
+{
+    unsigned int number, slot;
+    if (!PyArg_ParseTuple(args, "II:object_inode", &number, &slot))
+        return NULL;
+    if (number >= UINT32_MAX - 1) {
+        PyErr_SetString(PyExc_OverflowError, "object_inode: shard number past 2^32 - 2");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(sfs_ll_object_ino(number, slot));
+}
+
+/* split_object_inode(ino) -> (shard number, slot), or None for a directory
+ * or a database object. */
+static PyObject *split_object_inode(PyObject *module, PyObject *arg)
+{
+    unsigned long long ino = PyLong_AsUnsignedLongLong(arg);
+    if (ino == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    uint32_t number, slot;
+    if (!sfs_ll_object_inode(ino, &number, &slot))
+        Py_RETURN_NONE;
+    return Py_BuildValue("(II)", number, slot);
+}
+
 static PyObject *table_generation(PyObject *module, PyObject *unused)
 {
     return PyLong_FromUnsignedLongLong(sfs_table_generation);
@@ -199,6 +225,12 @@ static PyMethodDef module_functions[] = {
      "client name without 'client.', the directory of local copies, librados's op timeouts in "
      "seconds (0: 30), whether cluster work before the first read runs in a child process, and "
      "the images kept open at most (0: 1024; the least recently used idle one is closed)."},
+    {"object_inode", (PyCFunction)object_inode, METH_VARARGS,
+     "object_inode(number, slot) -> the inode of slot `slot` of shard number `number`: "
+     "(number + 1) << 32 | slot (shardfs/c/ll_names.h)"},
+    {"split_object_inode", (PyCFunction)split_object_inode, METH_O,
+     "split_object_inode(ino) -> (shard number, slot) of an object inode, or None for a directory "
+     "or a database object (shardfs/c/ll_names.h)"},
     {"table_generation", (PyCFunction)table_generation, METH_NOARGS,
      "table_generation() -> int: changes of what a request snapshot is built from (open shards, "
      "filters, index levels, hash indexes) in this process so far."},

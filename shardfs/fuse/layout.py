@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from shardfs import _shardfs
+
 #: Inode of the root directory (FUSE's).
 ROOT_INODE = 1
 #: First directory inode.
@@ -51,9 +53,12 @@ _SLICE = re.compile(r"^(\d+):(\d+)$")
 HASH_DIR_INODES = {"sha1": (1 << OBJECT_SHIFT) - 3, "sha1_git": (1 << OBJECT_SHIFT) - 2}
 
 
-def object_inode(number: int, slot: int) -> int:
-    """Inode of slot `slot` of shard number `number`."""
-    return ((number + 1) << OBJECT_SHIFT) | slot
+#: object_inode(number, slot): the inode of slot `slot` of shard number
+#: `number`; split_object_inode(inode): (shard number, slot) of an object
+#: inode, or None for a directory or a database object. The request path's
+#: own encoding (``shardfs/c/ll_names.h``).
+object_inode = _shardfs.object_inode
+split_object_inode = _shardfs.split_object_inode
 
 
 #: Flag of the inodes of objects read from a database (see above).
@@ -75,14 +80,6 @@ def split_db_inode(inode: int) -> Optional[Tuple[int, int]]:
     if not inode & DB_INODE_FLAG:
         return None
     return (inode >> _DB_POSITION_SHIFT) & _DB_POSITION_MASK, inode & ((1 << _DB_POSITION_SHIFT) - 1)
-
-
-def split_object_inode(inode: int) -> Optional[Tuple[int, int]]:
-    """(shard number, slot) of an object inode, or None for a directory
-    or a database object."""
-    if inode >> OBJECT_SHIFT == 0 or inode & DB_INODE_FLAG:
-        return None
-    return (inode >> OBJECT_SHIFT) - 1, inode & SLOT_MASK
 
 
 def parse_slicing(text: str) -> Tuple[int, ...]:

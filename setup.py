@@ -36,10 +36,10 @@ extension = Extension(
     # py_*.c file per type (py_module.h).
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
              "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c", "shardfs/c/hashindex.c",
-             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/ll_snapshot.c", "shardfs/c/ll_resolve.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
+             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/kind_file.c", "shardfs/c/kind_rbd.c", "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/ll_snapshot.c", "shardfs/c/ll_resolve.c", "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
              "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h",
-             "shardfs/c/py_module.h", "shardfs/c/ll.h", "shardfs/c/ll_names.h", "shardfs/c/rbd.h"],
+             "shardfs/c/py_module.h", "shardfs/c/ll.h", "shardfs/c/ll_names.h", "shardfs/c/rbd.h", "shardfs/c/kind.h"],
     define_macros=[("SFS_HAVE_RBD", "1")] if rbd else [],
     include_dirs=["shardfs/c"] + [f[2:] for f in cflags],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

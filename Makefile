@@ -15,13 +15,14 @@ CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-co
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
 	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
-	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c shardfs/c/rbd.c
+	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c shardfs/c/rbd.c \
+	shardfs/c/kind_file.c shardfs/c/kind_rbd.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h shardfs/c/ll.h \
 	shardfs/c/ll_fast.c shardfs/c/ll_snapshot.c shardfs/c/ll_snapshot.h shardfs/c/ll_resolve.c shardfs/c/ll_resolve.h \
 	shardfs/c/ll_guarded.h shardfs/c/ll_ahead.c shardfs/c/ll_ahead.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
-	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h
+	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h shardfs/c/kind.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
 	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
@@ -133,7 +134,7 @@ SAN_PY_DESELECT := --deselect tests/test_ceph.py::test_a_winery_mount_reads_its_
 FUZZ_DIR ?= build/fuzz
 FUZZ_HARNESSES := shard sidecar ll_names
 FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c shardfs/c/output.c \
-	shardfs/c/ll_names.c shardfs/c/rbd.c
+	shardfs/c/ll_names.c shardfs/c/rbd.c shardfs/c/kind_file.c shardfs/c/kind_rbd.c
 FUZZ_DEPS := tests/fuzz/fuzz_common.h $(FUZZ_LIB_SOURCES) $(C_HEADERS)
 
 $(SAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)

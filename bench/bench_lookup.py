@@ -70,7 +70,10 @@ WORK = "/tmp/bench-lookup"
 def lookup_bench() -> str:
     """bench/c/lookup_bench.c built against the C core (again when it changes)."""
     core = os.path.join(H.ROOT, "shardfs", "c")
-    sources = [os.path.join(core, "shard.c"), os.path.join(core, "chd.c")]
+    # shard.c, every kind of source (kind_*.c) and what they call; rbd.c
+    # without SFS_HAVE_RBD (no librbd: rbd: sources refused)
+    sources = [os.path.join(core, f) for f in ("shard.c", "chd.c", "rbd.c", "output.c")]
+    sources += sorted(glob.glob(os.path.join(core, "kind_*.c")))
     return H.compile_c("lookup_bench", ["-std=gnu11", "-I" + core, *sources], glob.glob(os.path.join(core, "*.h")))
 
 

@@ -101,10 +101,11 @@ int sfs_pread_full(int fd, void *buf, size_t len, uint64_t offset);
  * the system's; nothing left open on error. */
 int sfs_reopen_for_index(const sfs_shard_t *shard, int *fd, sfs_error_t *err);
 
-/* Read up to `len` bytes at `offset` of the shard's bytes: through `fd`
- * (a descriptor of the shard's file, e.g. from sfs_reopen_for_index), or
- * from the image for an rbd: source. Bytes read (fewer only at the end),
- * or -1 with errno set. */
+/* Read up to `len` bytes at `offset` of the shard's bytes, as its kind
+ * reads them (kind.h, source_read): through `fd` (a descriptor of the
+ * shard's file, e.g. from sfs_reopen_for_index) for a file, from the image
+ * for an rbd: source. Bytes read (fewer only at the end), or -1 with errno
+ * set. */
 ssize_t sfs_source_read(const sfs_shard_t *shard, int fd, void *buf, size_t len, uint64_t offset);
 
 /* pwrite all `len` bytes at `offset`, retrying on EINTR and short writes.

@@ -219,7 +219,7 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
             fuse_reply_buf(req, buf, n);
         else if (rc == SFS_ENOMEM)
             fuse_reply_err(req, ENOMEM);
-        else if (rc == SFS_EIO && sfs_is_rbd(found.shard))
+        else if (rc == SFS_EIO && (sfs_kind_flags(found.shard) & SFS_KIND_REMOTE))
             /* the cluster failed or timed out (rbd.h): asking it again
              * from the Python handler would double the wait */
             fuse_reply_err(req, EIO);
@@ -245,11 +245,12 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
 {
     ll_snapshot_t *snap = fast_begin(s->fast);
     ll_found_t found;
-    /* Not for an object in an RBD image: this ioctl comes at every open by
-     * CPython, cached or not, and a push reads the object again from the
-     * cluster; its READ, if its pages are not cached, takes the read the
-     * LOOKUP started (rbd.h). */
-    int stored = snap && ll_resolve_inode(snap, ino, 0, &found) == LL_FOUND && !sfs_is_rbd(found.shard)
+    /* Not for an object of a remote kind (an RBD image): this ioctl comes
+     * at every open by CPython, cached or not, and a push reads the object
+     * again from the cluster; its READ, if its pages are not cached, takes
+     * the read the LOOKUP started (rbd.h). */
+    int stored = snap && ll_resolve_inode(snap, ino, 0, &found) == LL_FOUND &&
+                         !(sfs_kind_flags(found.shard) & SFS_KIND_REMOTE)
                      ? ll_push(s, found.shard, ino, found.offset, found.size, found.size < want ? found.size : want)
                      : -1;
     ll_snapshot_release(snap);

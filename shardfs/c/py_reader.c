@@ -253,82 +253,19 @@ static PyObject *Reader_read(Reader *self, PyObject *arg)
     return lookup_done(self, &c, read_result(self, rc, off, size, small));
 }
 
-/* A copy of a large object, or 8 copies of small ones, that took longer
- * than this plus 0.5 ns per byte copied (2 GB/s, slower than any copy
- * from the page cache) waited for the device: the rest of the batch is
- * then prefetched (its reads overlap). */
-#define BATCH_SLOW_NS 20000
-/* Objects whose first bytes are prefetched ahead of their copy. */
-#define COPY_AHEAD 4
-#define PREFETCH_BYTES 128
-
-/* batch_copies for an rbd: source: every object read at once
- * (sfs_read_many). SFS_OK, or the first failure's status. */
-static int batch_reads(const sfs_shard_t *shard, const sfs_found_t *found, char *const *dst,
-                       Py_ssize_t n)
+/* The found objects' ranges for sfs_read_many (dst[i] not NULL: present),
+ * back to back into offs, lens and bufs (n entries each); how many. */
+static size_t batch_ranges(const sfs_found_t *found, char *const *dst, Py_ssize_t n, uint64_t *offs,
+                           size_t *lens, void **bufs)
 {
-    uint64_t *offs = malloc(sizeof(*offs) * (size_t)(n ? n : 1));
-    size_t *lens = malloc(sizeof(*lens) * (size_t)(n ? n : 1));
-    void **bufs = malloc(sizeof(*bufs) * (size_t)(n ? n : 1));
-    int *results = malloc(sizeof(*results) * (size_t)(n ? n : 1));
     size_t k = 0;
-    int rc = offs && lens && bufs && results ? SFS_OK : SFS_ENOMEM;
-    for (Py_ssize_t i = 0; rc == SFS_OK && i < n; i++)
+    for (Py_ssize_t i = 0; i < n; i++)
         if (dst[i]) {
             offs[k] = found[i].data_offset;
             lens[k] = (size_t)found[i].size;
             bufs[k++] = dst[i];
         }
-    if (rc == SFS_OK)
-        sfs_read_many(shard, k, offs, lens, bufs, results);
-    for (size_t j = 0; rc == SFS_OK && j < k; j++)
-        rc = results[j];
-    free(offs);
-    free(lens);
-    free(bufs);
-    free(results);
-    return rc;
-}
-
-/* Copy each found object into dst[i] (no GIL; NULL: absent). The first
- * bytes of the object COPY_AHEAD places ahead are prefetched into the CPU
- * cache; once a copy waited for the device, every remaining object is
- * asked of the kernel instead (posix_fadvise). SFS_OK or a status. */
-static int batch_copies(const sfs_shard_t *shard, const sfs_found_t *found, char *const *dst,
-                        Py_ssize_t n)
-{
-    if (sfs_is_rbd(shard)) /* all in flight at once: one round trip to the cluster */
-        return batch_reads(shard, found, dst, n);
-    int cold = 0;
-    uint64_t t0 = sfs_now_ns(), bytes = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!cold && i + COPY_AHEAD < n && dst[i + COPY_AHEAD]) {
-            const sfs_found_t *f = &found[i + COPY_AHEAD];
-            const uint8_t *p = sfs_data(shard, f->data_offset, f->size);
-            if (p)
-                for (uint64_t at = 0; at < f->size && at < PREFETCH_BYTES; at += 64)
-                    __builtin_prefetch(p + at, 0, 0);
-        }
-        if (dst[i]) {
-            int r = sfs_read(shard, found[i].data_offset, dst[i], (size_t)found[i].size);
-            if (r != SFS_OK)
-                return r;
-            bytes += found[i].size;
-        }
-        /* timed per copy while copies are large, else per group of 8 */
-        if (!cold && ((i & 7) == 7 || (dst[i] && found[i].size > SMALL_OBJECT))) {
-            uint64_t t = sfs_now_ns();
-            if (t - t0 > BATCH_SLOW_NS + bytes / 2) {
-                cold = 1;
-                for (Py_ssize_t j = i + 1; j < n; j++)
-                    if (dst[j])
-                        sfs_prefetch(shard, found[j].data_offset, found[j].size);
-            }
-            t0 = t;
-            bytes = 0;
-        }
-    }
-    return SFS_OK;
+    return k;
 }
 
 /* The keys of a sequence, back to back (PyMem_Malloc'd, n x 32 bytes; 1
@@ -402,10 +339,17 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
     sfs_shard_t *shard = reader_hold(self);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     uint8_t *keys = keys_of(seq, n);
-    sfs_found_t *found = PyMem_Malloc((n ? (size_t)n : 1) * sizeof(sfs_found_t));
-    char **dst = PyMem_Malloc((n ? (size_t)n : 1) * sizeof(char *));
+    size_t m = n ? (size_t)n : 1;
+    sfs_found_t *found = PyMem_Malloc(m * sizeof(sfs_found_t));
+    char **dst = PyMem_Malloc(m * sizeof(char *));
+    /* sfs_read_many's arguments, allocated here: nothing is allocated in
+     * a guarded call (guard.h) */
+    uint64_t *offs = PyMem_Malloc(m * sizeof(uint64_t));
+    size_t *lens = PyMem_Malloc(m * sizeof(size_t));
+    void **bufs = PyMem_Malloc(m * sizeof(void *));
+    int *results = PyMem_Malloc(m * sizeof(int));
     PyObject *out = NULL;
-    if (!keys || !found || !dst) {
+    if (!keys || !found || !dst || !offs || !lens || !bufs || !results) {
         if (keys)
             PyErr_NoMemory();
         goto done;
@@ -425,9 +369,12 @@ static PyObject *Reader_get_batch(Reader *self, PyObject *arg)
     }
     if (!(out = batch_results(found, dst, n)))
         goto done;
+    size_t k = batch_ranges(found, dst, n, offs, lens, bufs);
     Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, rc = batch_copies(shard, found, dst, n));
+    SFS_GUARDED(rc = SFS_EGONE, (sfs_read_many(shard, k, offs, lens, bufs, results), rc = SFS_OK));
     Py_END_ALLOW_THREADS
+    for (size_t j = 0; rc == SFS_OK && j < k; j++)
+        rc = results[j]; /* the first failure (errno is its own: sfs_read_many) */
     if (rc != SFS_OK) {
         read_failed(self, rc);
         Py_CLEAR(out);
@@ -436,6 +383,10 @@ done:
     PyMem_Free(keys);
     PyMem_Free(found);
     PyMem_Free(dst);
+    PyMem_Free(offs);
+    PyMem_Free(lens);
+    PyMem_Free(bufs);
+    PyMem_Free(results);
     Py_DECREF(seq);
     reader_unhold(self);
     return out;

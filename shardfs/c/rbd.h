@@ -6,11 +6,12 @@
  * pools); the image may be larger than the shard (the extent comes from the
  * header, as for block devices).
  *
- * How shard.c uses this file: sfs_open() of such a source maps a local copy
- * of the shard's header, index and hash sections (a sparse file in the
- * cache directory: its objects section is a hole), plus a table of every
- * slot's object size, so that a lookup never reads the cluster; only the
- * bytes of objects are read from the image (sfs_read -> sfs_rbd_pread).
+ * How kind_rbd.c (the "rbd" kind of shard source, kind.h) uses this
+ * file: sfs_open() of such a source maps a local copy of the shard's
+ * header, index and hash sections (a sparse file in the cache directory:
+ * its objects section is a hole), plus a table of every slot's object
+ * size, so that a lookup never reads the cluster; only the bytes of
+ * objects are read from the image (sfs_read -> sfs_rbd_pread).
  * See docs/ceph.md for the copy's format and costs.
  *
  * Connections: one librados client per process, made at the first read (or

@@ -1,16 +1,19 @@
 /*
  * shard.c — open, validate and read Read Shards; check and delete.
  *
- * The whole extent [0, end of the hash section) is mmap'ed read-only once;
- * lookups and reads are then plain loads from the mapping: no lock, no file
- * position, no system call on the hot path. Every offset and size read from
- * the file is checked against the section it must lie in before use.
+ * Whatever its kind of source (kind.h: a file or block device, an RBD
+ * image), an open shard's header, index and hash sections are mapped in
+ * local memory: lookups are plain loads from the mapping, common to every
+ * kind, with no lock, no file position and no system call on the hot
+ * path. An object's size and bytes come from the kind's operations. Every
+ * offset and size read from the shard is checked against the section it
+ * must lie in before use, here, before a kind's operation is called.
  */
 #define _GNU_SOURCE
 #include "shard.h"
 #include "chd.h"
 #include "internal.h"
-#include "rbd.h"
+#include "kind.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,29 +30,6 @@
 #include <time.h>
 #include <unistd.h>
 
-struct sfs_shard {
-    int refs;             /* holders beyond the first (internal.h) */
-    int fd;
-    int writable;
-    char *path;
-    sfs_header_t header;
-    uint64_t file_size;   /* bytes of the file or device */
-    uint64_t extent;      /* bytes used by the shard */
-    uint64_t slots;
-    uint64_t objects_end; /* objects_position + objects_size */
-    const uint8_t *map;
-    sfs_chd_t chd;
-    uint64_t live;        /* cached live count + 1; 0 = not counted yet */
-    int no_nowait;        /* preadv2(RWF_NOWAIT) unsupported here */
-    uint64_t map_size;    /* bytes mapped: the extent, or a local copy's whole file */
-    /* An rbd: source (rbd.h): `fd` and `map` are its local copy, object
-     * bytes come from the image, and each slot's object size from `sizes`
-     * (u64 little-endian per slot, in the copy at byte `sizes_offset`). */
-    sfs_rbd_t *rbd;
-    const uint8_t *sizes;
-    uint64_t sizes_offset;
-    char rbd_pool[SFS_RBD_NAME_MAX], rbd_image[SFS_RBD_NAME_MAX];
-};
 
 
 static inline void put_be64(uint8_t *p, uint64_t v)
@@ -110,7 +90,7 @@ int sfs_fd_size(int fd, const char *path, uint64_t *size, int *is_blk, sfs_error
 #define CORRUPT(...) sfs_fail(err, SFS_ECORRUPT, 0, __VA_ARGS__)
 
 /* Validate the header against the file size; sets slots and objects_end. */
-static int validate_header(sfs_shard_t *s, const uint8_t raw[SFS_HEADER_END], sfs_error_t *err)
+int sfs_validate_header(sfs_shard_t *s, const uint8_t raw[SFS_HEADER_END], sfs_error_t *err)
 {
     const char *p = s->path;
     uint64_t size = s->file_size;
@@ -175,450 +155,34 @@ static int validate_header(sfs_shard_t *s, const uint8_t raw[SFS_HEADER_END], sf
     return SFS_OK;
 }
 
-/* ---------------------------------------------------------------- rbd: sources
- *
- * The local copy of an rbd: source (rbd.h, docs/ceph.md) is a sparse file
- * laid out like the shard: bytes [0, min(objects_position, 64 KiB)) and the
- * index and hash sections at their own offsets, the objects section a hole;
- * then, at the extent rounded up to 4 KiB, each slot's object size (u64
- * little-endian; 2^64-1 for an empty slot); then a 64-byte trailer:
- *   bytes  0..8   magic "SFSRBDC1"     bytes  8..12  u32 version = 1
- *   bytes 16..24  u64 extent           bytes 24..32  u64 sizes_offset
- *   bytes 32..40  u64 slot count       bytes 40..48  u64 image size (bytes)
- * Written whole (O_TMPFILE, fdatasync, rename) by build_copy; checked by
- * open_copy; its header is compared with the image's at every connection
- * (sfs_rbd_new's `expect`), so a replaced image fails reads with ESTALE
- * instead of serving the copy's sizes with another shard's bytes. */
-
-#define COPY_MAGIC "SFSRBDC1"
-#define COPY_TRAILER 64
-#define COPY_HEAD_MAX 65536          /* bytes before the objects copied at most */
-#define COPY_CHUNK (4u << 20)        /* bytes per image read while copying */
-#define COPY_SIZE_BATCH 256          /* size fields read at once when they must be */
-#define COPY_SAMPLES 64              /* size fields checked against the offsets */
-
-static uint64_t align_page(uint64_t v) { return (v + 4095) & ~(uint64_t)4095; }
-
-typedef struct {
-    uint64_t offset;
-    uint32_t slot;
-} live_slot_t;
-
-static int by_offset(const void *a, const void *b)
-{
-    uint64_t x = ((const live_slot_t *)a)->offset, y = ((const live_slot_t *)b)->offset;
-    return x < y ? -1 : x > y;
-}
-
-typedef struct {
-    const char *source, *pool, *image, *copy_path;
-} copy_job_t;
-
-/* Read the size fields of live[0, n) from the image into sizes (by slot). */
-static int read_size_fields(sfs_rbd_t *r, const live_slot_t *live, size_t n, uint8_t *sizes,
-                            const char *src, sfs_error_t *err)
-{
-    uint64_t offs[COPY_SIZE_BATCH];
-    size_t lens[COPY_SIZE_BATCH];
-    uint8_t raw[COPY_SIZE_BATCH][8];
-    void *bufs[COPY_SIZE_BATCH];
-    int64_t got[COPY_SIZE_BATCH];
-    for (size_t i = 0; i < n; i += COPY_SIZE_BATCH) {
-        size_t k = n - i < COPY_SIZE_BATCH ? n - i : COPY_SIZE_BATCH;
-        for (size_t j = 0; j < k; j++) {
-            offs[j] = live[i + j].offset;
-            lens[j] = 8;
-            bufs[j] = raw[j];
-        }
-        int rc = sfs_rbd_pread_many(r, k, offs, lens, bufs, got);
-        for (size_t j = 0; j < k; j++) {
-            int e = rc < 0 ? -rc : got[j] < 0 ? (int)-got[j] : got[j] != 8 ? EIO : 0;
-            if (e)
-                return sfs_fail(err, SFS_EIO, e, "%s: reading size fields: %s", src, strerror(e));
-            put_le64(sizes + 8 * (uint64_t)live[i + j].slot, be64(raw[j]));
-        }
-    }
-    return SFS_OK;
-}
-
-/* Build the local copy of job->source at job->copy_path (may run in a
- * child process: sfs_rbd_isolated). */
-static int build_copy(void *arg, sfs_error_t *err)
-{
-    copy_job_t *job = arg;
-    const char *src = job->source;
-    sfs_shard_t t = {.fd = -1, .path = (char *)src};
-    sfs_rbd_t *r = NULL;
-    uint8_t *buf = NULL, *index = NULL, *sizes = NULL;
-    live_slot_t *live = NULL;
-    char *tmp = NULL;
-    int fd = -1, rc;
-    uint64_t size;
-    if ((rc = sfs_rbd_new(job->pool, job->image, NULL, 0, &r, err)) != SFS_OK ||
-        (rc = sfs_rbd_connect(r, &size, err)) != SFS_OK)
-        goto out;
-    t.file_size = size;
-    uint8_t raw[SFS_HEADER_END], prefix[31];
-    int64_t got = size < SFS_HEADER_END ? 0 : sfs_rbd_pread(r, raw, sizeof(raw), 0);
-    if (got < 0) {
-        rc = sfs_fail(err, SFS_EIO, (int)-got, "%s: reading the header: %s", src, strerror((int)-got));
-        goto out;
-    }
-    if (got != SFS_HEADER_END) {
-        rc = CORRUPT("%s: truncated: %llu bytes, smaller than the 88-byte header", src,
-                     (unsigned long long)size);
-        goto out;
-    }
-    if ((rc = validate_header(&t, raw, err)) != SFS_OK)
-        goto out;
-    const sfs_header_t *h = &t.header;
-    uint64_t avail = size - h->hash_position;
-    size_t want = avail < sizeof(prefix) ? (size_t)avail : sizeof(prefix);
-    got = sfs_rbd_pread(r, prefix, want, h->hash_position);
-    if (got != (int64_t)want) {
-        int e = got < 0 ? (int)-got : EIO;
-        rc = sfs_fail(err, SFS_EIO, e, "%s: reading the hash section: %s", src, strerror(e));
-        goto out;
-    }
-    uint64_t dump = sfs_chd_dump_size(prefix, want);
-    if (dump == 0 || dump > avail) {
-        rc = CORRUPT("%s: hash section at byte %llu is not a whole CHD_PH perfect hash", src,
-                     (unsigned long long)h->hash_position);
-        goto out;
-    }
-    uint64_t extent = h->hash_position + dump, sizes_offset = align_page(extent);
-    uint64_t total = sizes_offset + 8 * t.slots + COPY_TRAILER;
-
-    /* the directories <cache>/rbd/<pool> */
-    char dir[4096];
-    snprintf(dir, sizeof(dir), "%s", job->copy_path);
-    for (char *at = strchr(dir + 1, '/'); at; at = strchr(at + 1, '/')) {
-        *at = 0;
-        if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-            rc = sfs_fail(err, SFS_EIO, errno, "%s: creating %s: %s", src, dir, strerror(errno));
-            goto out;
-        }
-        *at = '/';
-    }
-    if ((rc = sfs_output_create(job->copy_path, 0644, &fd, &tmp, err)) != SFS_OK)
-        goto out;
-    if (ftruncate(fd, (off_t)total) < 0)
-        goto io;
-    if (!(buf = malloc(COPY_CHUNK)))
-        goto nomem;
-    /* the bytes before the objects, then the index and the hash sections */
-    uint64_t head = h->objects_position < COPY_HEAD_MAX ? h->objects_position : SFS_HEADER_END;
-    uint64_t ranges[2][2] = {{0, head}, {h->index_position, extent}};
-    for (int k = 0; k < 2; k++)
-        for (uint64_t at = ranges[k][0]; at < ranges[k][1];) {
-            size_t len = ranges[k][1] - at < COPY_CHUNK ? (size_t)(ranges[k][1] - at) : COPY_CHUNK;
-            got = sfs_rbd_pread(r, buf, len, at);
-            if (got != (int64_t)len) {
-                int e = got < 0 ? (int)-got : EIO;
-                rc = sfs_fail(err, SFS_EIO, e, "%s: copying byte %llu: %s", src,
-                              (unsigned long long)at, strerror(e));
-                goto out;
-            }
-            if (sfs_pwrite_all(fd, buf, len, at) < 0)
-                goto io;
-            at += len;
-        }
-
-    /* each slot's object size: from the gaps between the objects' offsets
-     * when the objects lie back to back (the writers' layout, checked on a
-     * sample), else read from each size field */
-    index = malloc(h->index_size > COPY_CHUNK ? COPY_CHUNK : h->index_size);
-    sizes = malloc(8 * t.slots);
-    live = malloc(sizeof(*live) * (t.slots ? t.slots : 1));
-    if (!index || !sizes || !live)
-        goto nomem;
-    memset(sizes, 0xff, 8 * t.slots);
-    /* every slot must be empty or hold a key the perfect hash sends there,
-     * at an offset inside the objects section: an image still being
-     * written (rbd import) or damaged is refused, not copied */
-    uint8_t *hash = malloc(dump);
-    if (!hash)
-        goto nomem;
-    char why[256];
-    if (sfs_pread_full(fd, hash, dump, h->hash_position) < 0) {
-        free(hash);
-        goto io;
-    }
-    if (sfs_chd_parse(&t.chd, hash, dump, why, sizeof(why)) < 0 || t.chd.n != t.slots) {
-        free(hash);
-        rc = CORRUPT("%s: %s", src, t.chd.n != t.slots ? "the perfect hash's slot count differs from the index's" : why);
-        goto out;
-    }
-    size_t n = 0;
-    for (uint64_t first = 0; first < t.slots && rc == SFS_OK;) {
-        uint64_t count = t.slots - first;
-        if (count > COPY_CHUNK / SFS_SLOT_SIZE)
-            count = COPY_CHUNK / SFS_SLOT_SIZE;
-        if (sfs_pread_full(fd, index, count * SFS_SLOT_SIZE,
-                           h->index_position + first * SFS_SLOT_SIZE) < 0) {
-            free(hash);
-            goto io;
-        }
-        for (uint64_t i = 0; i < count; i++) {
-            const uint8_t *slot = index + i * SFS_SLOT_SIZE;
-            uint64_t off = be64(slot + SFS_KEY_SIZE);
-            if (off == SFS_EMPTY_OFFSET)
-                continue;
-            if (off < h->objects_position || off > t.objects_end ||
-                t.objects_end - off < SFS_SIZE_FIELD_SIZE ||
-                sfs_chd_search(&t.chd, slot, SFS_KEY_SIZE) != first + i) {
-                rc = CORRUPT("%s: slot %llu does not hold a valid entry (an image still being "
-                             "written, or a damaged shard): not copied",
-                             src, (unsigned long long)(first + i));
-                break;
-            }
-            live[n++] = (live_slot_t){off, (uint32_t)(first + i)};
-        }
-        first += count;
-    }
-    free(hash);
-    if (rc != SFS_OK)
-        goto out;
-    qsort(live, n, sizeof(*live), by_offset);
-    int packed = n == h->objects_count && (n == 0 || live[0].offset == h->objects_position);
-    for (size_t i = 0; packed && i < n; i++) {
-        uint64_t end = i + 1 < n ? live[i + 1].offset : t.objects_end;
-        if (end < live[i].offset + SFS_SIZE_FIELD_SIZE)
-            packed = 0;
-        else
-            put_le64(sizes + 8 * (uint64_t)live[i].slot, end - live[i].offset - SFS_SIZE_FIELD_SIZE);
-    }
-    if (packed && n) {
-        live_slot_t sample[COPY_SAMPLES];
-        size_t k = n < COPY_SAMPLES ? n : COPY_SAMPLES;
-        uint8_t *check = malloc(8 * t.slots);
-        if (!check)
-            goto nomem;
-        for (size_t j = 0; j < k; j++)
-            sample[j] = live[(uint64_t)j * n / k];
-        rc = read_size_fields(r, sample, k, check, src, err);
-        for (size_t j = 0; rc == SFS_OK && j < k; j++)
-            packed &= !memcmp(check + 8 * (uint64_t)sample[j].slot,
-                              sizes + 8 * (uint64_t)sample[j].slot, 8);
-        free(check);
-        if (rc != SFS_OK)
-            goto out;
-    }
-    if (!packed && (rc = read_size_fields(r, live, n, sizes, src, err)) != SFS_OK)
-        goto out;
-    if (sfs_pwrite_all(fd, sizes, 8 * t.slots, sizes_offset) < 0)
-        goto io;
-    uint8_t trailer[COPY_TRAILER] = {0};
-    memcpy(trailer, COPY_MAGIC, 8);
-    put_le32(trailer + 8, 1);
-    put_le64(trailer + 16, extent);
-    put_le64(trailer + 24, sizes_offset);
-    put_le64(trailer + 32, t.slots);
-    put_le64(trailer + 40, size);
-    if (sfs_pwrite_all(fd, trailer, sizeof(trailer), total - COPY_TRAILER) < 0 || fdatasync(fd) < 0)
-        goto io;
-    if (sfs_output_publish(fd, &tmp, job->copy_path) < 0)
-        goto io;
-    sfs_sync_directory(job->copy_path);
-    rc = SFS_OK;
-    goto out;
-io:
-    rc = sfs_fail(err, SFS_EIO, errno, "%s: writing its local copy %s: %s", src, job->copy_path,
-                  strerror(errno));
-    goto out;
-nomem:
-    rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", src);
-out:
-    if (tmp) {
-        unlink(tmp);
-        free(tmp);
-    }
-    if (fd >= 0)
-        close(fd);
-    free(buf);
-    free(index);
-    free(sizes);
-    free(live);
-    sfs_rbd_close(r);
-    return rc;
-}
-
-/* Open the local copy at copy_path into s (s->path the source). SFS_OK;
- * SFS_ENOTFOUND when there is none or it is not a whole copy (to build);
- * SFS_ECORRUPT / SFS_EIO / SFS_ENOMEM. */
-static int open_copy(sfs_shard_t *s, const char *copy_path, sfs_error_t *err)
-{
-    const char *src = s->path;
-    s->fd = open(copy_path, O_RDONLY | O_CLOEXEC);
-    if (s->fd < 0)
-        return errno == ENOENT ? SFS_ENOTFOUND
-                               : sfs_fail(err, SFS_EIO, errno, "%s: its local copy %s: %s", src,
-                                          copy_path, strerror(errno));
-    struct stat st;
-    uint8_t trailer[COPY_TRAILER], raw[SFS_HEADER_END], prefix[31];
-    if (fstat(s->fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < COPY_TRAILER + SFS_HEADER_END ||
-        sfs_pread_full(s->fd, trailer, COPY_TRAILER, (uint64_t)st.st_size - COPY_TRAILER) < 0 ||
-        memcmp(trailer, COPY_MAGIC, 8) || get_le32(trailer + 8) != 1 ||
-        sfs_pread_full(s->fd, raw, sizeof(raw), 0) < 0)
-        return SFS_ENOTFOUND;
-    uint64_t extent = get_le64(trailer + 16), sizes_offset = get_le64(trailer + 24);
-    uint64_t slots = get_le64(trailer + 32);
-    s->file_size = get_le64(trailer + 40);
-    sfs_error_t why;
-    if (validate_header(s, raw, &why) != SFS_OK || slots != s->slots ||
-        sizes_offset != align_page(extent) || extent > s->file_size || extent <= s->header.hash_position ||
-        (uint64_t)st.st_size != sizes_offset + 8 * slots + COPY_TRAILER)
-        return SFS_ENOTFOUND;
-    size_t want = extent - s->header.hash_position < sizeof(prefix)
-                      ? (size_t)(extent - s->header.hash_position) : sizeof(prefix);
-    if (sfs_pread_full(s->fd, prefix, want, s->header.hash_position) < 0 ||
-        s->header.hash_position + sfs_chd_dump_size(prefix, want) != extent)
-        return SFS_ENOTFOUND;
-    s->extent = extent;
-    s->map_size = (uint64_t)st.st_size;
-    void *m = mmap(NULL, s->map_size, PROT_READ, MAP_SHARED, s->fd, 0);
-    if (m == MAP_FAILED)
-        return sfs_fail(err, SFS_EIO, errno, "%s: mmap of its local copy: %s", src, strerror(errno));
-    s->map = m;
-    s->sizes = s->map + sizes_offset;
-    s->sizes_offset = sizes_offset;
-    madvise((void *)s->map, s->map_size, MADV_RANDOM);
-    char reason[256];
-    if (sfs_chd_parse(&s->chd, s->map + s->header.hash_position, extent - s->header.hash_position,
-                      reason, sizeof(reason)) < 0 || s->chd.n != s->slots)
-        return CORRUPT("%s: its local copy %s holds a bad perfect hash: remove it", src, copy_path);
-    return sfs_rbd_new(s->rbd_pool, s->rbd_image, raw, sizeof(raw), &s->rbd, err);
-}
-
-/* sfs_open of an rbd: source: its local copy, built first if needed. */
-static int open_rbd(sfs_shard_t *s, sfs_error_t *err)
-{
-    const char *src = s->path, *cache = sfs_rbd_cache_dir();
-    int rc = sfs_rbd_parse(src, s->rbd_pool, s->rbd_image, err);
-    if (rc != SFS_OK)
-        return rc;
-    if (s->writable)
-        return sfs_fail(err, SFS_EINVAL, 0, "%s: RBD images are opened read-only", src);
-    if (!sfs_rbd_built())
-        return sfs_rbd_new(s->rbd_pool, s->rbd_image, NULL, 0, &s->rbd, err);
-    if (!cache)
-        return sfs_fail(err, SFS_EINVAL, 0, "%s: no cache directory for its local copy", src);
-    char copy_path[4096];
-    if ((size_t)snprintf(copy_path, sizeof(copy_path), "%s/rbd/%s/%s.copy", cache, s->rbd_pool,
-                         s->rbd_image) >= sizeof(copy_path))
-        return sfs_fail(err, SFS_EINVAL, 0, "%s: cache directory path too long", src);
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if ((rc = open_copy(s, copy_path, err)) != SFS_ENOTFOUND)
-            return rc;
-        if (s->fd >= 0) {
-            close(s->fd);
-            s->fd = -1;
-        }
-        if (attempt)
-            break;
-        copy_job_t job = {src, s->rbd_pool, s->rbd_image, copy_path};
-        if ((rc = sfs_rbd_isolated(build_copy, &job, err)) != SFS_OK)
-            return rc;
-    }
-    return sfs_fail(err, SFS_EIO, EIO, "%s: its local copy %s is unreadable after it was built",
-                    src, copy_path);
-}
+/* The kinds of source (kind.h), in the order they are asked to claim one:
+ * the file kind, which claims any, last. */
+static const sfs_kind_t *const sfs_kinds[] = {&sfs_kind_rbd, &sfs_kind_file};
 
 int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err)
 {
     *out = NULL;
-    sfs_shard_t *s = calloc(1, sizeof(*s));
+    const sfs_kind_t *kind = &sfs_kind_file;
+    for (size_t i = 0; i < sizeof(sfs_kinds) / sizeof(*sfs_kinds); i++)
+        if (sfs_kinds[i]->claims(path)) {
+            kind = sfs_kinds[i];
+            break;
+        }
+    sfs_shard_t *s = calloc(1, sizeof(*s) + kind->state_size);
     if (!s || !(s->path = strdup(path))) {
         free(s);
         return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
     }
+    s->kind = kind;
     s->fd = -1;
     s->writable = writable;
-    int rc;
-    if (sfs_is_rbd_source(path)) {
-        if ((rc = open_rbd(s, err)) != SFS_OK)
-            goto fail;
-        *out = s;
-        return SFS_OK;
-    }
-    /* O_NONBLOCK: opening a FIFO must not wait for a writer; the file type
-     * is checked right after, and the flag cleared for the rest. */
-    s->fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NONBLOCK);
-    if (s->fd < 0) {
-        rc = sfs_fail(err, SFS_EIO, errno, "%s: %s", path, strerror(errno));
-        goto fail;
-    }
-    int is_blk;
-    if ((rc = sfs_fd_size(s->fd, path, &s->file_size, &is_blk, err)) != SFS_OK)
-        goto fail;
-    fcntl(s->fd, F_SETFL, fcntl(s->fd, F_GETFL) & ~O_NONBLOCK);
-    if (s->file_size < SFS_HEADER_END) {
-        rc = CORRUPT("%s: truncated: %llu bytes, smaller than the 88-byte header", path,
-                     (unsigned long long)s->file_size);
-        goto fail;
-    }
-    uint8_t raw[SFS_HEADER_END];
-    ssize_t got = pread(s->fd, raw, sizeof(raw), 0);
-    if (got != (ssize_t)sizeof(raw)) {
-        rc = sfs_fail(err, SFS_EIO, got < 0 ? errno : EIO, "%s: reading the header: %s", path,
-                      got < 0 ? strerror(errno) : "short read");
-        goto fail;
-    }
-    if ((rc = validate_header(s, raw, err)) != SFS_OK)
-        goto fail;
-
-    /* The dump's own length fields give the extent; read its fixed prefix. */
-    uint8_t prefix[31];
-    uint64_t avail = s->file_size - s->header.hash_position;
-    size_t want = avail < sizeof(prefix) ? (size_t)avail : sizeof(prefix);
-    got = pread(s->fd, prefix, want, (off_t)s->header.hash_position);
-    if (got != (ssize_t)want) {
-        rc = sfs_fail(err, SFS_EIO, got < 0 ? errno : EIO, "%s: reading the hash section: %s",
-                      path, got < 0 ? strerror(errno) : "short read");
-        goto fail;
-    }
-    uint64_t dump = sfs_chd_dump_size(prefix, want);
-    if (dump == 0) {
-        rc = CORRUPT("%s: hash section at byte %llu is not a CHD_PH perfect hash (or is "
-                     "truncated)",
-                     path, (unsigned long long)s->header.hash_position);
-        goto fail;
-    }
-    if (dump > avail) {
-        rc = CORRUPT("%s: truncated: the hash section needs %llu bytes, the file has %llu after "
-                     "hash_position",
-                     path, (unsigned long long)dump, (unsigned long long)avail);
-        goto fail;
-    }
-    s->extent = s->header.hash_position + dump;
-    void *m = mmap(NULL, s->extent, PROT_READ, MAP_SHARED, s->fd, 0);
-    if (m == MAP_FAILED) {
-        rc = sfs_fail(err, SFS_EIO, errno, "%s: mmap: %s", path, strerror(errno));
-        goto fail;
-    }
-    s->map = m;
-    s->map_size = s->extent;
-    /* Random lookups: do not read ahead objects and index. Every lookup
-     * evaluates the hash: start reading it now. */
-    madvise((void *)s->map, s->extent, MADV_RANDOM);
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t hash_page = s->header.hash_position & ~(page - 1);
-    madvise((void *)(s->map + hash_page), s->extent - hash_page, MADV_WILLNEED);
-    char why[256];
-    if (sfs_chd_parse(&s->chd, s->map + s->header.hash_position, dump, why, sizeof(why)) < 0) {
-        rc = CORRUPT("%s: %s", path, why);
-        goto fail;
-    }
-    if (s->chd.n != s->slots) {
-        rc = CORRUPT("%s: the perfect hash has %u slots but header field index_size gives %llu",
-                     path, s->chd.n, (unsigned long long)s->slots);
-        goto fail;
+    int rc = kind->open(s, err);
+    if (rc != SFS_OK) {
+        sfs_close(s);
+        return rc;
     }
     *out = s;
     return SFS_OK;
-fail:
-    sfs_close(s);
-    return rc;
 }
 
 sfs_shard_t *sfs_ref(sfs_shard_t *s)
@@ -631,16 +195,19 @@ void sfs_close(sfs_shard_t *s)
 {
     if (!s || !sfs_ref_drop(&s->refs))
         return;
+    if (s->kind->close)
+        s->kind->close(s);
     if (s->map)
         munmap((void *)s->map, s->map_size);
     if (s->fd >= 0)
         close(s->fd);
-    sfs_rbd_close(s->rbd);
     free(s->path);
     free(s);
 }
 
 const sfs_header_t *sfs_header(const sfs_shard_t *s) { return &s->header; }
+const char *sfs_kind_name(const sfs_shard_t *s) { return s->kind->name; }
+unsigned sfs_kind_flags(const sfs_shard_t *s) { return s->kind->flags; }
 const char *sfs_path(const sfs_shard_t *s) { return s->path; }
 int sfs_fd(const sfs_shard_t *s) { return s->fd; }
 uint64_t sfs_slot_count(const sfs_shard_t *s) { return s->slots; }
@@ -687,11 +254,11 @@ static inline int object_fits(const sfs_shard_t *s, uint64_t offset, uint64_t n)
     return n <= s->objects_end - offset - SFS_SIZE_FIELD_SIZE;
 }
 
-/* The size of the object of slot `slot` whose size field is at `offset`:
- * the field itself, or for an rbd: source the local copy's size table. */
+/* The size of the object of slot `slot` whose size field is at `offset`
+ * (size_field_ok), as the kind knows it: the field itself, or a table. */
 static inline uint64_t size_at(const sfs_shard_t *s, uint64_t slot, uint64_t offset)
 {
-    return s->sizes ? get_le64(s->sizes + 8 * slot) : be64(s->map + offset);
+    return s->kind->object_size(s, slot, offset);
 }
 
 /* Object of slot `slot` at `offset` (of its size field): data offset and
@@ -770,14 +337,8 @@ size_t sfs_lookup_batch(const sfs_shard_t *s, const uint8_t *keys, size_t n, sfs
                 } else {
                     f->status = SFS_OK;
                     f->data_offset = offset; /* of the size field, until stage 3 */
-                    if (s->sizes) {
-                        prefetch_range(s->sizes + 8 * (uint64_t)f->slot, 8);
-                    } else if (size_field_ok(s, offset)) {
-                        if (cold)
-                            posix_fadvise(s->fd, (off_t)offset, 4096, POSIX_FADV_WILLNEED);
-                        else
-                            prefetch_range(s->map + offset, 8);
-                    }
+                    if (s->kind->prefetch_size && size_field_ok(s, offset))
+                        s->kind->prefetch_size(s, f->slot, offset, cold);
                 }
             }
         }
@@ -808,7 +369,7 @@ size_t sfs_lookup_batch(const sfs_shard_t *s, const uint8_t *keys, size_t n, sfs
 }
 
 /* Copy from the page cache only (preadv2 RWF_NOWAIT). */
-static int read_nowait(const sfs_shard_t *s, void *dst, size_t length, uint64_t offset)
+int sfs_page_cache_read(const sfs_shard_t *s, void *dst, size_t length, uint64_t offset)
 {
     if (length == 0)
         return SFS_OK;
@@ -829,14 +390,12 @@ static int read_nowait(const sfs_shard_t *s, void *dst, size_t length, uint64_t 
 static int resolve_nowait(const sfs_shard_t *s, uint64_t slot, uint64_t offset,
                           uint64_t *data_offset, uint64_t *size)
 {
-    uint8_t be[SFS_SIZE_FIELD_SIZE];
     if (!size_field_ok(s, offset))
         return SFS_ECORRUPT;
-    int rc = s->sizes ? read_nowait(s, be, 8, s->sizes_offset + 8 * slot)
-                      : read_nowait(s, be, SFS_SIZE_FIELD_SIZE, offset);
+    uint64_t n = 0;
+    int rc = s->kind->object_size_nowait ? s->kind->object_size_nowait(s, slot, offset, &n) : SFS_EAGAIN;
     if (rc != SFS_OK)
         return rc;
-    uint64_t n = s->sizes ? get_le64(be) : be64(be);
     if (!object_fits(s, offset, n))
         return SFS_ECORRUPT;
     *data_offset = offset + SFS_SIZE_FIELD_SIZE;
@@ -847,7 +406,7 @@ static int resolve_nowait(const sfs_shard_t *s, uint64_t slot, uint64_t offset,
 /* The 40 bytes of slot `slot` (< s->slots) from the page cache only. */
 static int slot_nowait(const sfs_shard_t *s, uint64_t slot, uint8_t raw[SFS_SLOT_SIZE])
 {
-    return read_nowait(s, raw, SFS_SLOT_SIZE, s->header.index_position + slot * (uint64_t)SFS_SLOT_SIZE);
+    return sfs_page_cache_read(s, raw, SFS_SLOT_SIZE, s->header.index_position + slot * (uint64_t)SFS_SLOT_SIZE);
 }
 
 int sfs_lookup_nowait(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
@@ -894,19 +453,17 @@ int sfs_read_nowait(const sfs_shard_t *s, uint64_t offset, void *dst, size_t len
 {
     if (!in_objects(s, offset, length))
         return SFS_EINVAL;
-    if (s->rbd) /* object bytes are never in this host's page cache */
+    if (!s->kind->read_nowait) /* object bytes are never in this host's page cache */
         return length ? SFS_EAGAIN : SFS_OK;
-    return read_nowait(s, dst, length, offset);
+    return s->kind->read_nowait(s, offset, dst, length);
 }
 
 int sfs_prefetch(const sfs_shard_t *s, uint64_t offset, uint64_t length)
 {
     if (!in_objects(s, offset, length))
         return SFS_EINVAL;
-    if (length && s->rbd)
-        sfs_rbd_prefetch(s->rbd, offset, (size_t)(length < SFS_RBD_AHEAD_MAX ? length : SFS_RBD_AHEAD_MAX));
-    else if (length)
-        posix_fadvise(s->fd, (off_t)offset, (off_t)length, POSIX_FADV_WILLNEED);
+    if (length && s->kind->prefetch)
+        s->kind->prefetch(s, offset, length);
     return SFS_OK;
 }
 
@@ -914,7 +471,7 @@ void sfs_prefetch_reader(const sfs_shard_t *s)
 {
     if (!s)
         return;
-    for (size_t at = 0; at < offsetof(sfs_shard_t, rbd_pool); at += 64)
+    for (size_t at = 0; at < offsetof(sfs_shard_t, live); at += 64)
         __builtin_prefetch((const char *)s + at, 0, 3);
 }
 
@@ -939,118 +496,45 @@ int sfs_slot_object(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY
 
 const uint8_t *sfs_data(const sfs_shard_t *s, uint64_t offset, uint64_t length)
 {
-    if (s->rbd || !in_objects(s, offset, length))
+    if (!s->kind->data || !in_objects(s, offset, length))
         return NULL;
-    return s->map + offset;
+    return s->kind->data(s, offset, length);
 }
 
-int sfs_is_rbd(const sfs_shard_t *s) { return s->rbd != NULL; }
-
-const char *sfs_source_error(const sfs_shard_t *s) { return s->rbd ? sfs_rbd_error(s->rbd) : NULL; }
-
-/* Up to this many bytes are copied from the mapping: no system call when
- * cached, and a cold page fault reads one 4 KiB page (MADV_RANDOM). Longer
- * ranges are read with pread(), which asks the device for the whole range
- * at once instead of one page per fault: a cold 64 KiB object costs about 2
- * device reads instead of 17 (bench/bench_lookup.py, medium cold). */
-#define MMAP_COPY_MAX (16 * 1024)
-
-/* An rbd: source's bytes: SFS_OK, or SFS_EIO with errno set. */
-static int rbd_read_full(const sfs_shard_t *s, uint64_t offset, void *dst, size_t length)
+const char *sfs_source_error(const sfs_shard_t *s)
 {
-    int64_t n = length ? sfs_rbd_pread(s->rbd, dst, length, offset) : 0;
-    if (n == (int64_t)length)
-        return SFS_OK;
-    errno = n < 0 ? (int)-n : EIO; /* short: the image shrank */
-    return SFS_EIO;
+    return s->kind->source_error ? s->kind->source_error(s) : NULL;
 }
 
 int sfs_read(const sfs_shard_t *s, uint64_t offset, void *dst, size_t length)
 {
-    if (s->rbd)
-        return in_objects(s, offset, length) ? rbd_read_full(s, offset, dst, length) : SFS_EINVAL;
-    const uint8_t *p = sfs_data(s, offset, length);
-    if (!p)
+    if (!in_objects(s, offset, length))
         return SFS_EINVAL;
-    if (length <= MMAP_COPY_MAX) {
-        memcpy(dst, p, length);
-        return SFS_OK;
-    }
-    uint8_t *d = dst;
-    while (length) {
-        ssize_t n = pread(s->fd, d, length, (off_t)offset);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            if (n == 0)
-                errno = EIO; /* the file shrank under us */
-            return SFS_EIO;
-        }
-        d += n;
-        offset += (uint64_t)n;
-        length -= (size_t)n;
-    }
-    return SFS_OK;
+    return s->kind->read(s, offset, dst, length);
 }
 
 int sfs_read_many(const sfs_shard_t *s, size_t n, const uint64_t *offsets, const size_t *lengths,
                   void *const *dsts, int *results)
 {
-    enum { BATCH = 64 };
     for (size_t i = 0; i < n; i++)
         results[i] = in_objects(s, offsets[i], lengths[i]) ? SFS_OK : SFS_EINVAL;
-    if (!s->rbd) {
-        for (size_t i = 0; i < n; i++)
-            if (results[i] == SFS_OK)
-                results[i] = sfs_read(s, offsets[i], dsts[i], lengths[i]);
+    if (s->kind->read_batch) {
+        s->kind->read_batch(s, n, offsets, lengths, dsts, results);
         return SFS_OK;
     }
-    for (size_t i = 0; i < n; i += BATCH) {
-        uint64_t offs[BATCH];
-        size_t lens[BATCH], at[BATCH], k = 0;
-        void *bufs[BATCH];
-        int64_t got[BATCH];
-        for (size_t j = i; j < n && j < i + BATCH; j++)
-            if (results[j] == SFS_OK && lengths[j]) {
-                offs[k] = offsets[j];
-                lens[k] = lengths[j];
-                bufs[k] = dsts[j];
-                at[k++] = j;
-            }
-        int rc = k ? sfs_rbd_pread_many(s->rbd, k, offs, lens, bufs, got) : 0;
-        for (size_t j = 0; j < k; j++) {
-            int e = rc < 0 ? -rc : got[j] < 0 ? (int)-got[j] : got[j] != (int64_t)lens[j] ? EIO : 0;
-            if (e) {
-                errno = e;
-                results[at[j]] = SFS_EIO;
-            }
-        }
-    }
+    int first_errno = 0;
+    for (size_t i = 0; i < n; i++)
+        if (results[i] == SFS_OK && (results[i] = s->kind->read(s, offsets[i], dsts[i], lengths[i])) != SFS_OK &&
+            !first_errno)
+            first_errno = errno;
+    if (first_errno)
+        errno = first_errno;
     return SFS_OK;
 }
 
 ssize_t sfs_source_read(const sfs_shard_t *s, int fd, void *buf, size_t len, uint64_t offset)
 {
-    if (s->rbd) {
-        int64_t n = sfs_rbd_pread(s->rbd, buf, len, offset);
-        if (n < 0) {
-            errno = (int)-n;
-            return -1;
-        }
-        return (ssize_t)n;
-    }
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = pread(fd, (uint8_t *)buf + done, len - done, (off_t)(offset + done));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -1;
-        if (n == 0)
-            break;
-        done += (size_t)n;
-    }
-    return (ssize_t)done;
+    return s->kind->source_read(s, fd, buf, len, offset);
 }
 
 uint64_t sfs_live_count(sfs_shard_t *s)
@@ -1215,7 +699,7 @@ int sfs_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
 
 int sfs_delete(sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], sfs_error_t *err)
 {
-    if (!s->writable || s->rbd)
+    if (!s->writable) /* a kind that cannot be written refused it at open */
         return sfs_fail(err, SFS_EINVAL, 0, "%s: opened read-only", s->path);
     uint64_t doff, size;
     uint32_t slot;

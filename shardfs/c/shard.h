@@ -22,8 +22,16 @@
  *
  * Thread safety: a reader (sfs_shard_t) is immutable after sfs_open(); any
  * number of threads may call the lookup and read functions on it at once.
- * They take no lock and never use a file position (the extent is mmap'ed).
- * A writer (sfs_writer_t) belongs to one thread at a time.
+ * They take no lock and never use a file position (the header, index and
+ * hash are mmap'ed). A writer (sfs_writer_t) belongs to one thread at a
+ * time.
+ *
+ * Kinds of source: a shard is read from a regular file or block device
+ * (kind "file") or from a Ceph RBD image, "rbd:POOL/IMAGE" (kind "rbd",
+ * rbd.h). The kind is chosen once by sfs_open() and only changes where an
+ * object's size and bytes come from (kind.h, the interface a kind
+ * implements); a caller that must behave differently asks for a
+ * capability (sfs_kind_flags), never for a kind.
  */
 #ifndef SHARDFS_SHARD_H
 #define SHARDFS_SHARD_H
@@ -80,7 +88,8 @@ typedef struct sfs_header {
 
 typedef struct sfs_shard sfs_shard_t;
 
-/* Open and validate the shard at `path` (a regular file or a block device).
+/* Open and validate the shard at `path`: a regular file or a block device,
+ * or a source another kind claims ("rbd:POOL/IMAGE": rbd.h, docs/ceph.md).
  * Validation, before anything is used: magic, version, every position and
  * size inside the file and in order, index_size a multiple of 40, objects_count
  * <= slots, and the whole CHD_PH dump (lengths, internal sizes, select table,
@@ -174,14 +183,17 @@ int sfs_lookup_nowait(const sfs_shard_t *shard, const uint8_t key[SFS_KEY_SIZE],
                       uint64_t *data_offset, uint64_t *size);
 
 /* sfs_read from the page cache only: SFS_EAGAIN unless every byte is
- * cached; SFS_EINVAL outside the objects section. */
+ * cached (always, for a length > 0, when the kind's object bytes are never
+ * cached here: an rbd: source); SFS_EINVAL outside the objects section. */
 int sfs_read_nowait(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t length);
 
-/* Ask the kernel to start reading bytes [offset, offset+length) of the
- * objects section into the page cache (posix_fadvise WILLNEED): returns at
- * once, the reads complete in the background. SFS_EINVAL outside the
- * objects section. Used to overlap an object's device read with the
- * requests that precede its first read. */
+/* Start reading bytes [offset, offset+length) of the objects section
+ * without waiting: for a file, into the page cache (posix_fadvise
+ * WILLNEED); for an rbd: source, an asynchronous read of the first 128 KiB
+ * that the next sfs_read within them takes (rbd.h). Returns at once, the
+ * reads complete in the background. SFS_EINVAL outside the objects
+ * section. Used to overlap an object's device read with the requests that
+ * precede its first read. */
 int sfs_prefetch(const sfs_shard_t *shard, uint64_t offset, uint64_t length);
 
 /* Ask the kernel to start reading the index slot of `key` into the page
@@ -205,31 +217,54 @@ int sfs_slot_object_nowait(const sfs_shard_t *shard, uint64_t slot, uint8_t key_
 
 /* Copy `length` bytes at absolute byte `offset` of the shard into dst.
  * The range must lie inside the objects section, else SFS_EINVAL; SFS_EIO
- * (errno set) when the file cannot be read. Small ranges are copied from
- * the mapping, large ones read with pread() (one device request). */
+ * (errno set) when the file cannot be read (for an rbd: source, when the
+ * cluster failed or timed out: ETIMEDOUT, ESTALE...). For a file, small
+ * ranges are copied from the mapping, large ones read with pread() (one
+ * device request); for an rbd: source, read from the image (rbd.h). */
 int sfs_read(const sfs_shard_t *shard, uint64_t offset, void *dst, size_t length);
 
 /* Pointer to the mapped bytes at `offset` (inside the objects section, with
- * `length` bytes available), or NULL. Valid until sfs_close(). */
+ * `length` bytes available), or NULL (outside it, or the kind maps no
+ * object bytes: an rbd: source). Valid until sfs_close(). */
 const uint8_t *sfs_data(const sfs_shard_t *shard, uint64_t offset, uint64_t length);
 
-/* 1 when `shard` was opened from an rbd: source (rbd.h): its object bytes
- * are read from a Ceph RBD image (sfs_data gives NULL, sfs_read_nowait
- * SFS_EAGAIN, sfs_prefetch starts an asynchronous read of the range's
- * first 128 KiB that the next sfs_read within it takes: rbd.h), its index
- * from a local copy. */
-int sfs_is_rbd(const sfs_shard_t *shard);
+/* The name of the shard's kind of source (kind.h): "file" (a regular file
+ * or block device) or "rbd" (an RBD image: its object bytes read from the
+ * cluster, so sfs_data gives NULL, sfs_read_nowait SFS_EAGAIN, and
+ * sfs_prefetch starts an asynchronous read of the range's first 128 KiB
+ * that the next sfs_read within it takes: rbd.h; its index and sizes from
+ * a local copy). A static string, for messages and logs: code that must
+ * behave differently tests a capability (sfs_kind_flags), not the name. */
+const char *sfs_kind_name(const sfs_shard_t *shard);
 
-/* For an rbd: source, the one-line message of its last failed connection
- * (why reads fail: "rbd:P/I: no such image", a changed header...), "" when
- * none; NULL for a file. */
+/* Capabilities of a kind (sfs_kind_flags). */
+/* Object bytes come from a remote source over the network (kind "rbd"):
+ * a read may wait up to the source's timeout, and SFS_EIO from it means
+ * the source failed or timed out (reading again would wait as long
+ * again: answer the error); and nothing keeps those bytes in this host's
+ * page cache, so a read done only to warm a cache (a FUSE store) costs a
+ * network round trip. */
+#define SFS_KIND_REMOTE 0x1u
+
+/* The SFS_KIND_* flags of the shard's kind. Never changes once open. */
+unsigned sfs_kind_flags(const sfs_shard_t *shard);
+
+/* For a source reached through a connection (an rbd: source), the one-line
+ * message of its last failed connection (why reads fail: "rbd:P/I: no such
+ * image", a changed header...), "" when none; NULL for a file. */
 const char *sfs_source_error(const sfs_shard_t *shard);
 
 /* n reads at once: lengths[i] bytes at offsets[i] into dsts[i]; results[i]
- * gets SFS_OK, SFS_EINVAL (outside the objects section) or SFS_EIO (errno
- * as for sfs_read). For an rbd: source all are in flight together
- * (asynchronous librbd reads, 64 at a time); for a file, sfs_read each.
- * Returns SFS_OK. */
+ * gets SFS_OK, SFS_EINVAL (outside the objects section) or SFS_EIO; errno,
+ * when one failed with SFS_EIO, is the first such range's (as for
+ * sfs_read). Every range is attempted whatever fails. For an rbd: source
+ * all are in flight together (asynchronous librbd reads, 64 at a time);
+ * for a file, sfs_read each in turn, the first bytes of the range 4 ahead
+ * prefetched into the CPU cache, and once 8 copies (or one over 16 KiB)
+ * took longer than 20 us plus 0.5 ns per byte (they waited for the
+ * device), every remaining range asked of the kernel at once
+ * (posix_fadvise WILLNEED), so that their device reads overlap. Touches
+ * the mapping: call under SFS_GUARDED (guard.h). Returns SFS_OK. */
 int sfs_read_many(const sfs_shard_t *shard, size_t n, const uint64_t *offsets,
                   const size_t *lengths, void *const *dsts, int *results);
 

@@ -5,8 +5,9 @@
  * our CHD_PH evaluator against cmph's own cmph_search (present and absent
  * keys), batch lookups against single ones, duplicates, empty shards,
  * delete, concurrent readers, that truncated or corrupted files are rejected
- * without crashing, and that sfs_writer_add_files writes what sfs_writer_add
- * does file after file.
+ * without crashing, that sfs_writer_add_files writes what sfs_writer_add
+ * does file after file, and what the file kind of source (kind.h) gives
+ * callers (sfs_data, sfs_read_many).
  */
 #define _GNU_SOURCE
 #include "chd.h"
@@ -809,6 +810,75 @@ static void test_add_files(void)
         free(paths[i]);
 }
 
+/* The file kind (kind.h) as callers see it: its name and capabilities,
+ * its objects mapped (sfs_data), and sfs_read_many, through the kind's
+ * batch read, giving for each range what sfs_read gives: small and large
+ * objects (copied from the mapping, read with pread), an empty range, and
+ * ranges outside the objects section (SFS_EINVAL, the others still read). */
+static void test_kind_file(void)
+{
+    enum { N = 120, LARGE = 40000 };
+    char *p = strdup(path_of("kind-file.shard"));
+    uint8_t(*keys)[32] = malloc(N * 32);
+    uint8_t *data = malloc(LARGE);
+    sfs_writer_t *w;
+    sfs_error_t err;
+    REQUIRE(sfs_writer_open(p, &w, &err) == SFS_OK, "writer: %s", err.message);
+    for (uint64_t i = 0; i < N; i++) {
+        size_t n = i % 10 == 3 ? LARGE : obj_size(i);
+        rand_key(keys[i]);
+        obj_fill(i, data, n);
+        REQUIRE(sfs_writer_add(w, keys[i], data, n, &err) == SFS_OK, "add: %s", err.message);
+    }
+    REQUIRE(sfs_writer_finish(w, NULL, &err) == SFS_OK, "finish: %s", err.message);
+    sfs_shard_t *s;
+    REQUIRE(sfs_open(p, 0, &s, &err) == SFS_OK, "open: %s", err.message);
+    CHECK(!strcmp(sfs_kind_name(s), "file") && sfs_kind_flags(s) == 0, "kind %s, flags %u",
+          sfs_kind_name(s), sfs_kind_flags(s));
+    CHECK(sfs_source_error(s) == NULL, "a file has no source error");
+    enum { M = N + 3 };
+    uint64_t offs[M];
+    size_t lens[M];
+    void *dsts[M];
+    int results[M];
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < N; i++) {
+        uint64_t size;
+        bad += sfs_lookup(s, keys[i], &offs[i], &size) != SFS_OK;
+        lens[i] = (size_t)size;
+        dsts[i] = malloc(size ? size : 1);
+        const uint8_t *mapped = sfs_data(s, offs[i], size);
+        obj_fill(i, data, size);
+        bad += !mapped || memcmp(mapped, data, size) != 0;
+    }
+    CHECK(bad == 0, "%llu objects not found or not mapped as written", (unsigned long long)bad);
+    const sfs_header_t *h = sfs_header(s);
+    offs[N] = h->objects_position + h->objects_size; /* empty, at the end: inside */
+    lens[N] = 0;
+    offs[N + 1] = h->objects_position + h->objects_size - 4; /* runs past the end */
+    lens[N + 1] = 8;
+    offs[N + 2] = 0; /* the header */
+    lens[N + 2] = 8;
+    uint8_t scratch[3][8];
+    for (int j = 0; j < 3; j++)
+        dsts[N + j] = scratch[j];
+    CHECK(sfs_read_many(s, M, offs, lens, dsts, results) == SFS_OK, "sfs_read_many");
+    for (uint64_t i = 0; i < N; i++) {
+        obj_fill(i, data, lens[i]);
+        bad += results[i] != SFS_OK || memcmp(dsts[i], data, lens[i]) != 0;
+        free(dsts[i]);
+    }
+    CHECK(bad == 0, "%llu ranges of sfs_read_many did not read back", (unsigned long long)bad);
+    CHECK(results[N] == SFS_OK && results[N + 1] == SFS_EINVAL && results[N + 2] == SFS_EINVAL,
+          "edge ranges: %d %d %d", results[N], results[N + 1], results[N + 2]);
+    CHECK(sfs_data(s, offs[N + 1], lens[N + 1]) == NULL && sfs_read(s, 0, scratch[0], 8) == SFS_EINVAL,
+          "outside the objects section");
+    sfs_close(s);
+    free(keys);
+    free(data);
+    free(p);
+}
+
 /* rbd: sources in a build without librbd (this test's: no SFS_HAVE_RBD):
  * malformed sources are refused first, then any well-formed one fails with
  * one line naming the package to install; nothing is opened. */
@@ -858,6 +928,7 @@ int main(void)
     test_bad_files();
     test_bad_displacement();
     test_add_files();
+    test_kind_file();
     test_rbd_sources_without_librbd();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

@@ -25,23 +25,6 @@
 
 #include <sys/stat.h>
 
-void ll_fill_attr(const Session *s, struct stat *st, uint64_t ino, int is_dir, uint64_t size, int64_t time_ns)
-{
-    memset(st, 0, sizeof(*st));
-    st->st_ino = ino;
-    st->st_mode = is_dir ? (S_IFDIR | 0555) : (S_IFREG | 0444);
-    st->st_nlink = is_dir ? 2 : 1;
-    st->st_uid = s->uid;
-    st->st_gid = s->gid;
-    st->st_size = (off_t)size;
-    st->st_blksize = 4096;
-    /* du(1) counts st_blocks: the bytes the object takes in its shard */
-    st->st_blocks = (blkcnt_t)((size + 511) / 512);
-    st->st_mtim.tv_sec = time_ns / 1000000000;
-    st->st_mtim.tv_nsec = time_ns % 1000000000;
-    st->st_atim = st->st_ctim = st->st_mtim;
-}
-
 /* ------------------------------------------------------------ calling Python */
 
 /* Run a handler: the lock of handlers (one at a time: the shard set is

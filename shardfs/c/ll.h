@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 
 #include "py_module.h"
+#include "ll_names.h"
 
 #pragma GCC visibility push(hidden)
 
@@ -71,11 +72,13 @@ typedef struct {
  * root, the requests served by kind and the stats, both JSON; on an object
  * of a shard, the shard's path and the offset of the object's first byte
  * in it, decimal. Any other name, a root's name asked of another inode and
- * an object's asked of a directory are ENODATA, answered in C. */
-#define LL_XATTR_REQUESTS "user.shardfs.requests"
-#define LL_XATTR_STATS "user.shardfs.stats"
-#define LL_XATTR_SHARD "user.shardfs.shard"
-#define LL_XATTR_OFFSET "user.shardfs.offset"
+ * an object's asked of a directory are ENODATA, answered in C (which name
+ * is which and who has it: sfs_ll_xattr_name, sfs_ll_xattr_has in
+ * ll_names.h). */
+#define LL_XATTR_REQUESTS SFS_LL_XATTR_REQUESTS
+#define LL_XATTR_STATS SFS_LL_XATTR_STATS
+#define LL_XATTR_SHARD SFS_LL_XATTR_SHARD
+#define LL_XATTR_OFFSET SFS_LL_XATTR_OFFSET
 
 /* Bytes of an object pushed into the kernel's page cache when an IOCTL
  * on it is answered (see py_ll_ops.c). */

@@ -26,8 +26,11 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 #include <pthread.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #include "py_module.h"
+#include "ll_names.h"
 
 #pragma GCC visibility push(hidden)
 
@@ -79,11 +82,13 @@ typedef struct {
  * root, the requests served by kind and the stats, both JSON; on an object
  * of a shard, the shard's path and the offset of the object's first byte
  * in it, decimal. Any other name, a root's name asked of another inode and
- * an object's asked of a directory are ENODATA, answered in C. */
-#define LL_XATTR_REQUESTS "user.shardfs.requests"
-#define LL_XATTR_STATS "user.shardfs.stats"
-#define LL_XATTR_SHARD "user.shardfs.shard"
-#define LL_XATTR_OFFSET "user.shardfs.offset"
+ * an object's asked of a directory are ENODATA, answered in C (which name
+ * is which and who has it: sfs_ll_xattr_name, sfs_ll_xattr_has in
+ * ll_names.h). */
+#define LL_XATTR_REQUESTS SFS_LL_XATTR_REQUESTS
+#define LL_XATTR_STATS SFS_LL_XATTR_STATS
+#define LL_XATTR_SHARD SFS_LL_XATTR_SHARD
+#define LL_XATTR_OFFSET SFS_LL_XATTR_OFFSET
 
 /* Bytes of an object pushed into the kernel's page cache when an IOCTL
  * on it is answered (see py_ll_ops.c). */
@@ -101,8 +106,26 @@ static inline void ll_count(Session *s, enum ll_kind kind)
 
 /* Attributes of an inode as the handlers describe it: a directory (0555,
  * 2 links) or an object (0444, 1 link) of `size` bytes, times `time_ns`
- * nanoseconds since the epoch; owned by the session's uid and gid. */
-void ll_fill_attr(const Session *s, struct stat *st, uint64_t ino, int is_dir, uint64_t size, int64_t time_ns);
+ * nanoseconds since the epoch; owned by the session's uid and gid. Used
+ * by py_ll_ops.c and ll_fast.c alike: defined here, so that neither
+ * depends on the other for it. */
+static inline void ll_fill_attr(const Session *s, struct stat *st, uint64_t ino, int is_dir, uint64_t size,
+                                int64_t time_ns)
+{
+    memset(st, 0, sizeof(*st));
+    st->st_ino = ino;
+    st->st_mode = is_dir ? (S_IFDIR | 0555) : (S_IFREG | 0444);
+    st->st_nlink = is_dir ? 2 : 1;
+    st->st_uid = s->uid;
+    st->st_gid = s->gid;
+    st->st_size = (off_t)size;
+    st->st_blksize = 4096;
+    /* du(1) counts st_blocks: the bytes the object takes in its shard */
+    st->st_blocks = (blkcnt_t)((size + 511) / 512);
+    st->st_mtim.tv_sec = time_ns / 1000000000;
+    st->st_mtim.tv_nsec = time_ns % 1000000000;
+    st->st_atim = st->st_ctim = st->st_mtim;
+}
 
 /* ll_fast.c: LOOKUP, GETATTR and READ answered without Python. Each
  * returns 1 when it replied, 0 when the request must go to Python (a shard

@@ -1,10 +1,14 @@
 /*
- * ll_names.c — names, inode numbers and read ranges of the request path
- * (ll_names.h).
+ * ll_names.c — names, inode numbers, read ranges, extended attribute names
+ * and directory entry names of the request path (ll_names.h).
  */
 #include "ll_names.h"
 
 #include <string.h>
+
+#include "hashindex.h"
+
+_Static_assert(SFS_LL_DIGEST_SIZE == SFS_HX_DIGEST_SIZE, "a digest name spells a hash index's digest");
 
 int sfs_ll_layout_init(sfs_ll_layout_t *l, const int *nhex, int depth)
 {
@@ -93,4 +97,69 @@ size_t sfs_ll_read_length(uint64_t size, uint64_t offset, size_t want)
     if (offset >= size)
         return 0;
     return size - offset < want ? (size_t)(size - offset) : want;
+}
+
+int sfs_ll_hash_name(const uint64_t dirs[2], uint64_t parent, const char *name, uint8_t key[SFS_KEY_SIZE])
+{
+    size_t len = strnlen(name, SFS_LL_SWHID_PREFIX_LEN + SFS_LL_DIGEST_NAME_SIZE + 1);
+    for (int kind = 0; kind < 2; kind++) {
+        const char *hex = NULL;
+        if (!dirs[kind])
+            continue;
+        if (len == SFS_LL_DIGEST_NAME_SIZE && parent == dirs[kind])
+            hex = name;
+        else if (kind == 1 && len == SFS_LL_SWHID_PREFIX_LEN + SFS_LL_DIGEST_NAME_SIZE &&
+                 parent == SFS_LL_ROOT_INODE && memcmp(name, SFS_LL_SWHID_PREFIX, SFS_LL_SWHID_PREFIX_LEN) == 0)
+            hex = name + SFS_LL_SWHID_PREFIX_LEN;
+        if (hex) {
+            memset(key, 0, SFS_KEY_SIZE);
+            return sfs_ll_parse_hex(hex, SFS_LL_DIGEST_NAME_SIZE, key) < 0 ? 2 : kind;
+        }
+    }
+    return -1;
+}
+
+enum sfs_ll_xattr sfs_ll_xattr_name(const char *name)
+{
+    if (strcmp(name, SFS_LL_XATTR_REQUESTS) == 0)
+        return SFS_LL_XA_REQUESTS;
+    if (strcmp(name, SFS_LL_XATTR_STATS) == 0)
+        return SFS_LL_XA_STATS;
+    if (strcmp(name, SFS_LL_XATTR_SHARD) == 0)
+        return SFS_LL_XA_SHARD;
+    if (strcmp(name, SFS_LL_XATTR_OFFSET) == 0)
+        return SFS_LL_XA_OFFSET;
+    return SFS_LL_XA_NONE;
+}
+
+int sfs_ll_xattr_has(enum sfs_ll_xattr x, enum sfs_ll_inode_kind kind)
+{
+    switch (x) {
+    case SFS_LL_XA_REQUESTS:
+    case SFS_LL_XA_STATS:
+        return kind == SFS_LL_INODE_ROOT;
+    case SFS_LL_XA_SHARD:
+    case SFS_LL_XA_OFFSET:
+        return kind == SFS_LL_INODE_OTHER;
+    default:
+        return 0;
+    }
+}
+
+size_t sfs_ll_xattr_list(enum sfs_ll_inode_kind kind, char *out, size_t size)
+{
+    static const char root[] = SFS_LL_XATTR_REQUESTS "\0" SFS_LL_XATTR_STATS;
+    static const char object[] = SFS_LL_XATTR_SHARD "\0" SFS_LL_XATTR_OFFSET;
+    const char *names = kind == SFS_LL_INODE_ROOT ? root : kind == SFS_LL_INODE_OTHER ? object : NULL;
+    size_t len = kind == SFS_LL_INODE_ROOT ? sizeof(root) : kind == SFS_LL_INODE_OTHER ? sizeof(object) : 0;
+    if (len > size)
+        return (size_t)-1;
+    if (len)
+        memcpy(out, names, len); /* each name with its NUL */
+    return len;
+}
+
+int sfs_ll_dirent_name(const char *name, size_t len)
+{
+    return len >= 1 && len <= SFS_LL_DIRENT_NAME_MAX && !memchr(name, '/', len) && !memchr(name, 0, len);
 }

@@ -162,29 +162,6 @@ static enum ll_resolution probe(ll_snapshot_t *snap, numbers_t *c, const uint8_t
     return res;
 }
 
-/* A name by another hash, if `name` is one in `parent`: kind 0 (sha1) or
- * 1 (sha1_git) and the digest in key[0..20); -1 when not. */
-static int hash_name(const ll_snapshot_t *snap, uint64_t parent, const char *name, size_t len,
-                     uint8_t key[SFS_KEY_SIZE])
-{
-    for (int kind = 0; kind < 2; kind++) {
-        const struct ll_hash_names *h = &snap->hashes[kind];
-        const char *hex = NULL;
-        if (!h->dir_ino)
-            continue;
-        if (len == 2 * SFS_HX_DIGEST_SIZE && parent == h->dir_ino)
-            hex = name;
-        else if (kind == 1 && len == SFS_LL_SWHID_PREFIX_LEN + 2 * SFS_HX_DIGEST_SIZE &&
-                 parent == SFS_LL_ROOT_INODE && memcmp(name, SFS_LL_SWHID_PREFIX, SFS_LL_SWHID_PREFIX_LEN) == 0)
-            hex = name + SFS_LL_SWHID_PREFIX_LEN;
-        if (hex) {
-            memset(key, 0, SFS_KEY_SIZE);
-            return sfs_ll_parse_hex(hex, 2 * SFS_HX_DIGEST_SIZE, key) < 0 ? 2 : kind;
-        }
-    }
-    return -1;
-}
-
 /* The object of `key` (kind -1) or of a digest (kind 0: sha1, 1:
  * sha1_git; key[0..20)) among the shards numbered [start, below). */
 static enum ll_resolution resolve(ll_snapshot_t *snap, const uint8_t key[SFS_KEY_SIZE], int kind, uint64_t start,
@@ -229,7 +206,8 @@ enum ll_resolution ll_resolve_name(ll_snapshot_t *snap, uint64_t parent, const c
         if (sfs_ll_object_name(&snap->layout, depth, prefix, name, key) == 0)
             return LL_ABSENT;
     } else {
-        kind = hash_name(snap, parent, name, len, key);
+        const uint64_t dirs[2] = {snap->hashes[0].dir_ino, snap->hashes[1].dir_ino};
+        kind = sfs_ll_hash_name(dirs, parent, name, key);
         if (kind < 0)
             return LL_NOT_OBJECT;
         if (kind == 2)

@@ -25,23 +25,6 @@
 
 #include <sys/stat.h>
 
-void ll_fill_attr(const Session *s, struct stat *st, uint64_t ino, int is_dir, uint64_t size, int64_t time_ns)
-{
-    memset(st, 0, sizeof(*st));
-    st->st_ino = ino;
-    st->st_mode = is_dir ? (S_IFDIR | 0555) : (S_IFREG | 0444);
-    st->st_nlink = is_dir ? 2 : 1;
-    st->st_uid = s->uid;
-    st->st_gid = s->gid;
-    st->st_size = (off_t)size;
-    st->st_blksize = 4096;
-    /* du(1) counts st_blocks: the bytes the object takes in its shard */
-    st->st_blocks = (blkcnt_t)((size + 511) / 512);
-    st->st_mtim.tv_sec = time_ns / 1000000000;
-    st->st_mtim.tv_nsec = time_ns % 1000000000;
-    st->st_atim = st->st_ctim = st->st_mtim;
-}
-
 /* ------------------------------------------------------------ calling Python */
 
 /* Run a handler: the lock of handlers (one at a time: the shard set is
@@ -277,7 +260,7 @@ static PyObject *DirBuffer_add(DirBuffer *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "the READDIR this buffer answered is over");
         return NULL;
     }
-    if (len == 0 || len > 255 || memchr(name, '/', (size_t)len) || memchr(name, 0, (size_t)len)) {
+    if (!sfs_ll_dirent_name(name, (size_t)len)) { /* 1..255 bytes, no '/', no NUL */
         PyErr_SetString(PyExc_ValueError, "add: not a file name");
         return NULL;
     }
@@ -289,6 +272,8 @@ static PyObject *DirBuffer_add(DirBuffer *self, PyObject *args)
     ll_fill_attr(self->s, &e.attr, ino, is_dir, size, time_ns);
     e.ino = ino;
     e.entry_timeout = e.attr_timeout = self->s->cache_timeout;
+    /* the entry's size in the reply (its name padded to 8 bytes) is
+     * libfuse's: it writes nothing when that does not fit */
     size_t need = fuse_add_direntry_plus(self->req, self->buf + self->used, self->size - self->used, cname, &e,
                                          (off_t)next_id);
     if (need > self->size - self->used)
@@ -388,19 +373,6 @@ static void reply_xattr_value(fuse_req_t req, const char *data, size_t len, size
         fuse_reply_buf(req, data, len);
 }
 
-/* Whose extended attribute (ll.h) `name` is: the root's, an object's, or
- * no inode's. */
-enum ll_xattr { XATTR_NONE, XATTR_ROOT, XATTR_OBJECT };
-
-static enum ll_xattr xattr_kind(const char *name)
-{
-    if (strcmp(name, LL_XATTR_REQUESTS) == 0 || strcmp(name, LL_XATTR_STATS) == 0)
-        return XATTR_ROOT;
-    if (strcmp(name, LL_XATTR_SHARD) == 0 || strcmp(name, LL_XATTR_OFFSET) == 0)
-        return XATTR_OBJECT;
-    return XATTR_NONE;
-}
-
 static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
     Session *s = fuse_req_userdata(req);
@@ -415,10 +387,13 @@ static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
      * needs the handlers: the JSON of the root; the shard of an object,
      * read from its slot now (a takedown is seen at once; ENOENT, ESTALE;
      * a winery database's object has none: ENODATA). */
-    enum ll_xattr kind = xattr_kind(name);
-    int root = ino == SFS_LL_ROOT_INODE;
-    if (kind == XATTR_NONE || (kind == XATTR_ROOT && !root) ||
-        (kind == XATTR_OBJECT && (root || ll_fast_is_dir(s, ino) == 1))) {
+    enum sfs_ll_xattr x = sfs_ll_xattr_name(name);
+    enum sfs_ll_inode_kind kind = ino == SFS_LL_ROOT_INODE ? SFS_LL_INODE_ROOT : SFS_LL_INODE_OTHER;
+    /* whether another inode is a directory matters (and is asked) only
+     * for a name it could have otherwise: an object's */
+    if (kind == SFS_LL_INODE_OTHER && sfs_ll_xattr_has(x, kind) && ll_fast_is_dir(s, ino) == 1)
+        kind = SFS_LL_INODE_DIR;
+    if (!sfs_ll_xattr_has(x, kind)) {
         fuse_reply_err(req, ENODATA);
         return;
     }
@@ -444,7 +419,9 @@ static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
      * name. The root's list and an object's (which checks its slot) are the
      * handlers'. */
     if (ino != SFS_LL_ROOT_INODE && ll_fast_is_dir(s, ino) == 1) {
-        reply_xattr_value(req, "", 0, size);
+        char names[1];
+        size_t n = sfs_ll_xattr_list(SFS_LL_INODE_DIR, names, sizeof(names)); /* none */
+        reply_xattr_value(req, names, n, size);
         return;
     }
     PyGILState_STATE gs = py_enter(s);

@@ -11,7 +11,11 @@
  * (a key found at the root and in its leaf only, upper case, other
  * characters and other lengths: absent or "the caller decides"); object
  * inodes and their shard number and slot; read lengths at the edges,
- * overflow-prone ones included.
+ * overflow-prone ones included; names by another hash (a digest in
+ * MOUNT/sha1 and MOUNT/sha1_git, a content SWHID in the root; other
+ * places, lengths, cases and characters; hash directories not served);
+ * extended attribute names and which inode has which, and their lists;
+ * directory entry names (1..255 bytes, no '/', no NUL).
  */
 #define _GNU_SOURCE
 #include "ll_names.h"
@@ -286,6 +290,199 @@ static void test_reads(void)
     }
 }
 
+static const char DIGEST[] = "0123456789abcdef0123456789abcdefdeadbeef";
+
+/* What sfs_ll_hash_name answers, and the digest bytes it wrote. */
+static int hash_name(const uint64_t dirs[2], uint64_t parent, const char *name, uint8_t key[SFS_KEY_SIZE])
+{
+    memset(key, 0xa5, SFS_KEY_SIZE);
+    return sfs_ll_hash_name(dirs, parent, name, key);
+}
+
+static int key_is_digest(const uint8_t key[SFS_KEY_SIZE])
+{
+    for (int i = 0; i < SFS_LL_DIGEST_SIZE; i++) {
+        unsigned v;
+        sscanf(DIGEST + 2 * i, "%2x", &v);
+        if (key[i] != v)
+            return 0;
+    }
+    for (int i = SFS_LL_DIGEST_SIZE; i < SFS_KEY_SIZE; i++)
+        if (key[i])
+            return 0;
+    return 1;
+}
+
+static void test_hash_names(void)
+{
+    const uint64_t SHA1 = 258 + 65536, SHA1_GIT = SHA1 + 1;
+    const uint64_t both[2] = {SHA1, SHA1_GIT}, none[2] = {0, 0}, only_sha1[2] = {SHA1, 0},
+                   only_git[2] = {0, SHA1_GIT};
+    uint8_t key[SFS_KEY_SIZE];
+    char name[128];
+
+    CHECK(hash_name(both, SHA1, DIGEST, key) == 0 && key_is_digest(key), "a sha1 in MOUNT/sha1");
+    CHECK(hash_name(both, SHA1_GIT, DIGEST, key) == 1 && key_is_digest(key), "a sha1_git in MOUNT/sha1_git");
+    snprintf(name, sizeof(name), "%s%s", SFS_LL_SWHID_PREFIX, DIGEST);
+    CHECK(hash_name(both, SFS_LL_ROOT_INODE, name, key) == 1 && key_is_digest(key), "a SWHID in the root");
+    CHECK(hash_name(only_git, SFS_LL_ROOT_INODE, name, key) == 1 && key_is_digest(key),
+          "a SWHID in the root, sha1 not served");
+    CHECK(hash_name(only_sha1, SFS_LL_ROOT_INODE, name, key) == -1, "a SWHID, sha1_git not served");
+    CHECK(hash_name(none, SFS_LL_ROOT_INODE, name, key) == -1, "a SWHID, no hash served");
+    CHECK(hash_name(both, SHA1_GIT, name, key) == -1, "a SWHID in MOUNT/sha1_git");
+    CHECK(hash_name(both, SHA1, name, key) == -1, "a SWHID in MOUNT/sha1");
+    CHECK(hash_name(both, 2, name, key) == -1, "a SWHID in a fan-out directory");
+
+    /* not served, or elsewhere: not a hash name */
+    CHECK(hash_name(none, SHA1, DIGEST, key) == -1, "no hash served");
+    CHECK(hash_name(only_git, SHA1, DIGEST, key) == -1, "sha1 not served");
+    CHECK(hash_name(only_sha1, SHA1_GIT, DIGEST, key) == -1, "sha1_git not served");
+    CHECK(hash_name(both, SFS_LL_ROOT_INODE, DIGEST, key) == -1, "a digest in the root");
+    CHECK(hash_name(both, 2, DIGEST, key) == -1, "a digest in a fan-out directory");
+    CHECK(hash_name(both, 0, DIGEST, key) == -1, "a digest in inode 0");
+    CHECK(hash_name(both, (UINT64_C(1) << 32) | SHA1, DIGEST, key) == -1, "a digest in an object");
+
+    /* the place and length of one, not lowercase hex: absent */
+    strcpy(name, DIGEST);
+    name[39] = 'F';
+    CHECK(hash_name(both, SHA1, name, key) == 2, "upper case in a sha1");
+    CHECK(hash_name(both, SHA1_GIT, name, key) == 2, "upper case in a sha1_git");
+    name[39] = 'g';
+    CHECK(hash_name(both, SHA1, name, key) == 2, "'g' in a sha1");
+    name[39] = '/';
+    CHECK(hash_name(both, SHA1_GIT, name, key) == 2, "'/' in a sha1_git");
+    snprintf(name, sizeof(name), "%s%s", SFS_LL_SWHID_PREFIX, DIGEST);
+    name[SFS_LL_SWHID_PREFIX_LEN] = 'A';
+    CHECK(hash_name(both, SFS_LL_ROOT_INODE, name, key) == 2, "upper case in a SWHID's digest");
+    /* another prefix of that length: not a SWHID */
+    const char *prefixes[] = {"swh:1:dir:", "swh:1:rev:", "SWH:1:CNT:", "swh:2:cnt:", "swh:1:cnt;", "xswh:1:cnt"};
+    for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
+        snprintf(name, sizeof(name), "%s%s", prefixes[i], DIGEST);
+        CHECK(hash_name(both, SFS_LL_ROOT_INODE, name, key) == -1, "prefix %s", prefixes[i]);
+    }
+    /* other lengths */
+    strcpy(name, DIGEST);
+    name[39] = 0;
+    CHECK(hash_name(both, SHA1, name, key) == -1, "39 digits");
+    strcpy(name, DIGEST);
+    strcat(name, "0");
+    CHECK(hash_name(both, SHA1, name, key) == -1, "41 digits");
+    CHECK(hash_name(both, SHA1, "", key) == -1, "an empty name");
+    CHECK(hash_name(both, SHA1, "..", key) == -1, "..");
+    snprintf(name, sizeof(name), "%s%s", SFS_LL_SWHID_PREFIX, DIGEST);
+    name[49] = 0;
+    CHECK(hash_name(both, SFS_LL_ROOT_INODE, name, key) == -1, "a SWHID of 39 digits");
+    snprintf(name, sizeof(name), "%s%s0", SFS_LL_SWHID_PREFIX, DIGEST);
+    CHECK(hash_name(both, SFS_LL_ROOT_INODE, name, key) == -1, "a SWHID of 41 digits");
+    CHECK(hash_name(both, SFS_LL_ROOT_INODE, NAME, key) == -1, "a 64-digit key in the root");
+    CHECK(hash_name(both, SHA1, NAME, key) == -1, "a 64-digit key in MOUNT/sha1");
+
+    /* one directory for both (never so in a mount): sha1 is asked first */
+    const uint64_t same[2] = {SHA1, SHA1};
+    CHECK(hash_name(same, SHA1, DIGEST, key) == 0, "the same directory for both");
+}
+
+static void test_xattr_names(void)
+{
+    struct {
+        const char *name;
+        enum sfs_ll_xattr x;
+    } cases[] = {
+        {SFS_LL_XATTR_REQUESTS, SFS_LL_XA_REQUESTS},
+        {SFS_LL_XATTR_STATS, SFS_LL_XA_STATS},
+        {SFS_LL_XATTR_SHARD, SFS_LL_XA_SHARD},
+        {SFS_LL_XATTR_OFFSET, SFS_LL_XA_OFFSET},
+        {"user.shardfs.requests", SFS_LL_XA_REQUESTS},
+        {"user.shardfs.offset", SFS_LL_XA_OFFSET},
+        {"", SFS_LL_XA_NONE},
+        {"user.shardfs.", SFS_LL_XA_NONE},
+        {"user.shardfs.stat", SFS_LL_XA_NONE},
+        {"user.shardfs.statss", SFS_LL_XA_NONE},
+        {"user.shardfs.Stats", SFS_LL_XA_NONE},
+        {"USER.SHARDFS.STATS", SFS_LL_XA_NONE},
+        {"trusted.shardfs.stats", SFS_LL_XA_NONE},
+        {" user.shardfs.shard", SFS_LL_XA_NONE},
+        {"security.selinux", SFS_LL_XA_NONE},
+        {"system.posix_acl_access", SFS_LL_XA_NONE},
+        {"security.capability", SFS_LL_XA_NONE},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        CHECK(sfs_ll_xattr_name(cases[i].name) == cases[i].x, "xattr name '%s'", cases[i].name);
+
+    /* who has which */
+    const enum sfs_ll_inode_kind kinds[] = {SFS_LL_INODE_ROOT, SFS_LL_INODE_DIR, SFS_LL_INODE_OTHER};
+    const int has[5][3] = {
+        /* root, directory, other */
+        {0, 0, 0}, /* none */
+        {1, 0, 0}, /* requests */
+        {1, 0, 0}, /* stats */
+        {0, 0, 1}, /* shard */
+        {0, 0, 1}, /* offset */
+    };
+    for (int x = SFS_LL_XA_NONE; x <= SFS_LL_XA_OFFSET; x++)
+        for (int k = 0; k < 3; k++)
+            CHECK(sfs_ll_xattr_has((enum sfs_ll_xattr)x, kinds[k]) == has[x][k], "xattr %d of inode kind %d", x,
+                  k);
+    CHECK(sfs_ll_xattr_has((enum sfs_ll_xattr)99, SFS_LL_INODE_ROOT) == 0, "an attribute out of range");
+
+    /* the lists */
+    char out[128];
+    static const char root[] = "user.shardfs.requests\0user.shardfs.stats";
+    static const char object[] = "user.shardfs.shard\0user.shardfs.offset";
+    memset(out, 'x', sizeof(out));
+    CHECK(sfs_ll_xattr_list(SFS_LL_INODE_ROOT, out, sizeof(out)) == sizeof(root) &&
+              memcmp(out, root, sizeof(root)) == 0,
+          "the root's list");
+    CHECK(sfs_ll_xattr_list(SFS_LL_INODE_OTHER, out, sizeof(out)) == sizeof(object) &&
+              memcmp(out, object, sizeof(object)) == 0,
+          "an object's list");
+    memset(out, 'x', sizeof(out));
+    CHECK(sfs_ll_xattr_list(SFS_LL_INODE_DIR, out, sizeof(out)) == 0 && out[0] == 'x', "a directory's list");
+    CHECK(sfs_ll_xattr_list(SFS_LL_INODE_DIR, NULL, 0) == 0, "a directory's list, no room");
+    CHECK(sfs_ll_xattr_list(SFS_LL_INODE_ROOT, out, sizeof(root)) == sizeof(root), "the root's, exactly");
+    memset(out, 'x', sizeof(out));
+    CHECK(sfs_ll_xattr_list(SFS_LL_INODE_ROOT, out, sizeof(root) - 1) == (size_t)-1 && out[0] == 'x',
+          "the root's, one byte short");
+    CHECK(sfs_ll_xattr_list(SFS_LL_INODE_OTHER, out, 0) == (size_t)-1, "an object's, no room");
+    /* every listed name is one the kind has */
+    for (int k = 0; k < 3; k++) {
+        size_t n = sfs_ll_xattr_list(kinds[k], out, sizeof(out));
+        int listed = 0;
+        for (size_t at = 0; at < n; at += strlen(out + at) + 1, listed++)
+            CHECK(sfs_ll_xattr_has(sfs_ll_xattr_name(out + at), kinds[k]) == 1, "listed %s", out + at);
+        int want = 0;
+        for (int x = SFS_LL_XA_NONE; x <= SFS_LL_XA_OFFSET; x++)
+            want += has[x][k];
+        CHECK(listed == want, "kind %d lists %d names, not %d", k, listed, want);
+    }
+}
+
+static void test_dirent_names(void)
+{
+    char name[300];
+    memset(name, 'a', sizeof(name));
+    CHECK(sfs_ll_dirent_name(name, 0) == 0, "an empty name");
+    CHECK(sfs_ll_dirent_name(name, 1) == 1, "1 byte");
+    CHECK(sfs_ll_dirent_name(name, 64) == 1, "64 bytes");
+    CHECK(sfs_ll_dirent_name(name, 255) == 1, "255 bytes");
+    CHECK(sfs_ll_dirent_name(name, 256) == 0, "256 bytes");
+    CHECK(sfs_ll_dirent_name(name, 300) == 0, "300 bytes");
+    CHECK(sfs_ll_dirent_name(name, SIZE_MAX) == 0, "SIZE_MAX bytes");
+    CHECK(sfs_ll_dirent_name(".", 1) == 1 && sfs_ll_dirent_name("..", 2) == 1, ". and ..");
+    CHECK(sfs_ll_dirent_name("/", 1) == 0, "/");
+    CHECK(sfs_ll_dirent_name("a/b", 3) == 0, "a/b");
+    CHECK(sfs_ll_dirent_name("ab/", 3) == 0, "a trailing /");
+    CHECK(sfs_ll_dirent_name("ab/", 2) == 1, "a / past the length");
+    CHECK(sfs_ll_dirent_name("a\0b", 3) == 0, "a NUL inside");
+    CHECK(sfs_ll_dirent_name("ab\0", 3) == 0, "a NUL last");
+    CHECK(sfs_ll_dirent_name("\xff\x80\x01", 3) == 1, "other bytes");
+    name[254] = '/';
+    CHECK(sfs_ll_dirent_name(name, 255) == 0, "a / at byte 255");
+    CHECK(sfs_ll_dirent_name(name, 254) == 1, "254 bytes before it");
+    name[254] = 0;
+    CHECK(sfs_ll_dirent_name(name, 255) == 0, "a NUL at byte 255");
+}
+
 int main(void)
 {
     test_layouts();
@@ -293,6 +490,9 @@ int main(void)
     test_names();
     test_object_inodes();
     test_reads();
+    test_hash_names();
+    test_xattr_names();
+    test_dirent_names();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -1,7 +1,8 @@
 /*
  * fuzz_ll_names.c — libFuzzer harness for what the request path parses of
- * what a user controls (ll_names.c): directory layouts, inode numbers,
- * names looked up, read ranges.
+ * what the kernel hands it (ll_names.c): directory layouts, inode numbers,
+ * names looked up (keys, digests by another hash, content SWHIDs), hex,
+ * read ranges, extended attribute names, directory entry names.
  *
  * Input format (bytes past the end read as 0):
  *   byte 0     the layout's depth and how its lengths are read:
@@ -10,7 +11,7 @@
  *              cumulative hex lengths as signed bytes, else each adds b % 4
  *              to the previous one (0 does not grow: refused; past 7: refused)
  *   bytes 1..7 the cumulative hex lengths nhex[0..7)
- *   then up to MAX_OPS operations, each a tag byte (tag % 5) and its bytes:
+ *   then up to MAX_OPS operations, each a tag byte (tag % 8) and its bytes:
  *     0 INODE   u64 LE: an inode number
  *     1 EDGE    sel, delta: edges[sel % n] + (int8)delta, edges being 0, 1,
  *               2, 3, every base and end of the layout's depths, 2^32 - 1,
@@ -24,6 +25,28 @@
  *     4 READ    three (selector, u64) values: size, offset, want, each raw
  *               or an edge (0, 1, 2^63, UINT64_MAX, size +- 1,
  *               size - offset +- 1, UINT64_MAX - offset...)
+ *     5 HASH    dsel, psel, mode, len, [two u32 if dsel & 8], [u64 if
+ *               psel % 8 == 7], then the name's bytes (see do_hash): the
+ *               hash directories served (dsel & 3: both at 2^32 - 3 and
+ *               2^32 - 2, sha1 only, sha1_git only, none; & 4: one for
+ *               both; & 8: two raw u32 instead), the parent (psel % 8: the
+ *               root, the sha1 or sha1_git directory, a neighbour of one,
+ *               a fan-out directory, 0, 2^32 - 2, a raw u64), the name
+ *               (mode & 3: raw bytes (len % 64), 40 hex digits of bytes,
+ *               "swh:1:cnt:" then 40 hex digits, another 10-byte prefix
+ *               (len % 6) then 40 hex digits; mode & 4: one character
+ *               upper-cased, & 8: one byte poked (NUL included), & 16: the
+ *               last dropped, & 32: one added); then sfs_ll_parse_hex of
+ *               its first (mode >> 6) * 32 + len % 33 characters
+ *     6 XATTR   mode, sel, len, then bytes: a name raw (mode & 3 == 0: len
+ *               % 48 bytes) or one of the four shardfs names (sel % 4); &
+ *               4: a byte poked (NUL: cut short), & 8: one appended, & 16:
+ *               one's case flipped, & 32: the last dropped; then the size
+ *               of a LISTXATTR buffer (% 129)
+ *     7 DIRENT  u16 length (% 300), mode, then bytes: a directory entry
+ *               name raw, or lowercase hex; a '/' or a NUL poked at u16
+ *               positions (% length); also checked one byte shorter and
+ *               one longer
  * Every input also runs a fixed sweep: the inodes 0..299 (root, every
  * directory of 0:2 and the first ones past), every edge +- 2, and 16
  * inodes spread over each depth's range.
@@ -49,7 +72,27 @@
  *    the name is never read past its NUL (exact-size heap copy);
  *  - sfs_ll_read_length: 0 at or past the end, else min(want, size -
  *    offset) (computed here in 128 bits as min(offset + want, size) -
- *    offset): never above want nor size - offset.
+ *    offset): never above want nor size - offset;
+ *  - sfs_ll_hash_name: 0 only for exactly 40 lowercase hex digits in the
+ *    sha1 directory (served); 1 only for them in the sha1_git directory
+ *    or "swh:1:cnt:" and them in the root (sha1_git served); the digest
+ *    re-encodes to the name's digits and key[20..32) is zero; 2 exactly
+ *    for such a length and place that is not all lowercase hex; -1 for
+ *    everything else; never read past the name's NUL; a layout's
+ *    directories are never the hash directories' inodes (2^32 - 3, 2^32 - 2);
+ *  - sfs_ll_parse_hex: 0 exactly when the first ndigits & ~1 characters
+ *    are lowercase hex, and then the bytes re-encode to them; never read
+ *    past the first character that is not hex (a NUL included);
+ *  - sfs_ll_xattr_name: a name is classified as a shardfs name only when it
+ *    is one of the four exact strings; sfs_ll_xattr_has gives the root
+ *    only the root's two, an object (or an inode not known to be a
+ *    directory) only the object's two, a directory none; the decision of
+ *    ll_getxattr (py_ll_ops.c) built from them, for every answer of
+ *    ll_fast_is_dir (-1, 0, 1), is the one it made before they existed;
+ *    sfs_ll_xattr_list lists exactly the names a kind has, each NUL-ended,
+ *    and leaves a buffer too small untouched;
+ *  - sfs_ll_dirent_name: 1 exactly for 1..255 bytes without '/' nor NUL
+ *    (exact-size heap copy: no read past the length).
  * All work is bounded: at most MAX_OPS operations, the sweep is fixed.
  */
 #include "fuzz_common.h"
@@ -445,6 +488,386 @@ static void do_read(cursor_t *c)
     check_read(size + 1, offset, (size_t)want);
 }
 
+/* ----------------------------------------------------- names by another hash */
+
+/* The inodes of MOUNT/sha1 and MOUNT/sha1_git (shardfs/fuse/layout.py). */
+#define HASH_DIR_SHA1 ((UINT64_C(1) << 32) - 3)
+#define HASH_DIR_SHA1_GIT ((UINT64_C(1) << 32) - 2)
+#define DIGEST_HEX SFS_LL_DIGEST_NAME_SIZE
+
+static int all_lower_hex(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (lower_hex_value(s[i]) < 0)
+            return 0;
+    return 1;
+}
+
+static int ref_hash_name(const uint64_t dirs[2], uint64_t parent, const char *name)
+{
+    size_t len = strlen(name);
+    const size_t swhid = SFS_LL_SWHID_PREFIX_LEN + DIGEST_HEX;
+    if (dirs[0] && parent == dirs[0] && len == DIGEST_HEX)
+        return all_lower_hex(name, DIGEST_HEX) ? 0 : 2;
+    if (dirs[1] && parent == dirs[1] && len == DIGEST_HEX)
+        return all_lower_hex(name, DIGEST_HEX) ? 1 : 2;
+    if (dirs[1] && parent == SFS_LL_ROOT_INODE && len == swhid &&
+        memcmp(name, "swh:1:cnt:", SFS_LL_SWHID_PREFIX_LEN) == 0)
+        return all_lower_hex(name + SFS_LL_SWHID_PREFIX_LEN, DIGEST_HEX) ? 1 : 2;
+    return -1;
+}
+
+static void check_hash_name(const uint64_t dirs[2], uint64_t parent, const char *buf)
+{
+    size_t len = strlen(buf);
+    char *name = malloc(len + 1); /* exact size: a read past the NUL is caught */
+    FUZZ_ASSERT(name);
+    memcpy(name, buf, len + 1);
+    uint8_t key[SFS_KEY_SIZE];
+    memset(key, 0xa5, sizeof(key));
+    int r = sfs_ll_hash_name(dirs, parent, name, key);
+    int want = ref_hash_name(dirs, parent, name);
+    FUZZ_ASSERT(r == want);
+    FUZZ_ASSERT(r >= -1 && r <= 2);
+    if (r == 0 || r == 1) {
+        /* exactly 40 lowercase hex digits, in the right directory */
+        const char *hex = len == DIGEST_HEX ? name : name + SFS_LL_SWHID_PREFIX_LEN;
+        if (len == DIGEST_HEX)
+            FUZZ_ASSERT(dirs[r] && parent == dirs[r] && (r == 0 || dirs[0] != parent));
+        else
+            FUZZ_ASSERT(r == 1 && dirs[1] && parent == SFS_LL_ROOT_INODE &&
+                        len == SFS_LL_SWHID_PREFIX_LEN + DIGEST_HEX &&
+                        memcmp(name, SFS_LL_SWHID_PREFIX, SFS_LL_SWHID_PREFIX_LEN) == 0);
+        FUZZ_ASSERT(all_lower_hex(hex, DIGEST_HEX));
+        char again[DIGEST_HEX + 1];
+        for (int i = 0; i < SFS_LL_DIGEST_SIZE; i++)
+            snprintf(again + 2 * i, 3, "%02x", key[i]);
+        FUZZ_ASSERT(memcmp(again, hex, DIGEST_HEX) == 0);
+        for (int i = SFS_LL_DIGEST_SIZE; i < SFS_KEY_SIZE; i++)
+            FUZZ_ASSERT(key[i] == 0);
+    } else if (r == 2) {
+        for (int i = SFS_LL_DIGEST_SIZE; i < SFS_KEY_SIZE; i++)
+            FUZZ_ASSERT(key[i] == 0);
+    } else {
+        for (int i = 0; i < SFS_KEY_SIZE; i++)
+            FUZZ_ASSERT(key[i] == 0xa5); /* untouched */
+    }
+    /* a 64-character key name is never a hash name, and the reverse */
+    if (r >= 0)
+        FUZZ_ASSERT(strnlen(name, SFS_LL_NAME_SIZE + 1) != SFS_LL_NAME_SIZE);
+    free(name);
+}
+
+/* sfs_ll_parse_hex of the first `ndigits` characters of `buf` (NUL-ended). */
+static void check_parse_hex(const char *buf, size_t ndigits)
+{
+    size_t len = strlen(buf);
+    char *hex = malloc(len + 1);
+    FUZZ_ASSERT(hex);
+    memcpy(hex, buf, len + 1);
+    uint8_t out[64];
+    memset(out, 0xa5, sizeof(out));
+    FUZZ_ASSERT(ndigits / 2 <= sizeof(out));
+    int r = sfs_ll_parse_hex(hex, ndigits, out);
+    size_t even = ndigits & ~(size_t)1;
+    /* the reference: every one of the first `even` characters lowercase
+     * hex (a NUL before them is not) */
+    int want = even <= len && all_lower_hex(hex, even);
+    FUZZ_ASSERT(r == (want ? 0 : -1));
+    if (r == 0) {
+        char again[129];
+        for (size_t i = 0; i < even / 2; i++)
+            snprintf(again + 2 * i, 3, "%02x", out[i]);
+        FUZZ_ASSERT(memcmp(again, hex, even) == 0);
+        for (size_t i = even / 2; i < sizeof(out); i++)
+            FUZZ_ASSERT(out[i] == 0xa5); /* nothing past ndigits / 2 bytes */
+    }
+    free(hex);
+}
+
+static void do_hash(cursor_t *c)
+{
+    uint8_t dsel = take8(c), psel = take8(c), mode = take8(c), len = take8(c);
+    uint64_t dirs[2] = {HASH_DIR_SHA1, HASH_DIR_SHA1_GIT};
+    if (dsel & 8) {
+        dirs[0] = take_le(c, 4);
+        dirs[1] = take_le(c, 4);
+    }
+    switch (dsel & 3) {
+    case 1:
+        dirs[1] = 0;
+        break;
+    case 2:
+        dirs[0] = 0;
+        break;
+    case 3:
+        dirs[0] = dirs[1] = 0;
+        break;
+    }
+    if (dsel & 4)
+        dirs[1] = dirs[0]; /* one directory for both */
+    uint64_t parent;
+    switch (psel % 8) {
+    case 0:
+        parent = SFS_LL_ROOT_INODE;
+        break;
+    case 1:
+        parent = dirs[0];
+        break;
+    case 2:
+        parent = dirs[1];
+        break;
+    case 3:
+        parent = (psel & 0x80 ? dirs[1] : dirs[0]) + (psel & 0x40 ? 1 : -1);
+        break;
+    case 4:
+        parent = R.depth ? R.base[R.depth] : 2; /* a fan-out directory */
+        break;
+    case 5:
+        parent = 0;
+        break;
+    case 6:
+        parent = HASH_DIR_SHA1_GIT;
+        break;
+    default:
+        parent = take_le(c, 8);
+        break;
+    }
+    char buf[NAME_BUF];
+    memset(buf, 0, sizeof(buf));
+    size_t chars;
+    switch (mode & 3) {
+    case 0: /* raw bytes */
+        chars = len % 64u;
+        for (size_t i = 0; i < chars; i++)
+            buf[i] = (char)take8(c);
+        break;
+    case 1: /* a digest's 40 hex digits */
+        chars = DIGEST_HEX;
+        for (size_t i = 0; i < chars; i += 2) {
+            uint8_t b = take8(c);
+            buf[i] = LOWER_HEX[b >> 4];
+            buf[i + 1] = LOWER_HEX[b & 15];
+        }
+        break;
+    default: { /* a SWHID, or another 10-byte prefix, and 40 hex digits */
+        static const char *const prefixes[] = {SFS_LL_SWHID_PREFIX, "swh:1:dir:", "swh:1:rev:",
+                                               "SWH:1:CNT:", "swh:1:cnt;", "swh:2:cnt:"};
+        const char *p = (mode & 3) == 2 ? SFS_LL_SWHID_PREFIX : prefixes[len % 6];
+        memcpy(buf, p, SFS_LL_SWHID_PREFIX_LEN);
+        chars = SFS_LL_SWHID_PREFIX_LEN + DIGEST_HEX;
+        for (size_t i = SFS_LL_SWHID_PREFIX_LEN; i < chars; i += 2) {
+            uint8_t b = take8(c);
+            buf[i] = LOWER_HEX[b >> 4];
+            buf[i + 1] = LOWER_HEX[b & 15];
+        }
+        break;
+    }
+    }
+    if ((mode & 4) && chars) {
+        size_t at = take8(c) % chars;
+        if (buf[at] >= 'a' && buf[at] <= 'z')
+            buf[at] = (char)(buf[at] - 'a' + 'A');
+    }
+    if (mode & 8) {
+        size_t at = take8(c) % (chars + 1);
+        buf[at] = (char)take8(c); /* a NUL inside, or one more character */
+    }
+    if ((mode & 16) && chars)
+        buf[chars - 1] = 0; /* one short */
+    if (mode & 32)
+        buf[strlen(buf)] = LOWER_HEX[len & 15]; /* one more */
+    buf[NAME_BUF - 1] = 0;
+    check_hash_name(dirs, parent, buf);
+    /* the same name where each kind of name is looked up */
+    const uint64_t served[2] = {HASH_DIR_SHA1, HASH_DIR_SHA1_GIT};
+    check_hash_name(served, SFS_LL_ROOT_INODE, buf);
+    check_hash_name(served, HASH_DIR_SHA1, buf);
+    check_hash_name(served, HASH_DIR_SHA1_GIT, buf);
+    /* and its hex: as many digits as asked, at most 128 */
+    size_t ndigits = (size_t)(mode >> 6) * 32 + len % 33u;
+    check_parse_hex(buf, ndigits);
+    if (chars > SFS_LL_SWHID_PREFIX_LEN)
+        check_parse_hex(buf + SFS_LL_SWHID_PREFIX_LEN, DIGEST_HEX);
+}
+
+/* ------------------------------------------------- extended attribute names */
+
+static const char *const XATTR_NAMES[4] = {SFS_LL_XATTR_REQUESTS, SFS_LL_XATTR_STATS, SFS_LL_XATTR_SHARD,
+                                           SFS_LL_XATTR_OFFSET};
+
+/* What ll_getxattr answered before sfs_ll_xattr_* (py_ll_ops.c at the
+ * time): 1 for ENODATA, 0 when the handlers are called. */
+static int old_getxattr_enodata(const char *name, int root, int is_dir)
+{
+    int kind_root = strcmp(name, "user.shardfs.requests") == 0 || strcmp(name, "user.shardfs.stats") == 0;
+    int kind_object = strcmp(name, "user.shardfs.shard") == 0 || strcmp(name, "user.shardfs.offset") == 0;
+    return (!kind_root && !kind_object) || (kind_root && !root) || (kind_object && (root || is_dir == 1));
+}
+
+/* The same decision as ll_getxattr makes it now; *asked: whether it asked
+ * ll_fast_is_dir (answering `is_dir`). */
+static int new_getxattr_enodata(const char *name, int root, int is_dir, int *asked)
+{
+    enum sfs_ll_xattr x = sfs_ll_xattr_name(name);
+    enum sfs_ll_inode_kind kind = root ? SFS_LL_INODE_ROOT : SFS_LL_INODE_OTHER;
+    *asked = 0;
+    if (kind == SFS_LL_INODE_OTHER && sfs_ll_xattr_has(x, kind) && (*asked = 1, is_dir == 1))
+        kind = SFS_LL_INODE_DIR;
+    return !sfs_ll_xattr_has(x, kind);
+}
+
+static void check_xattr_name(const char *buf, size_t list_size)
+{
+    size_t len = strlen(buf);
+    char *name = malloc(len + 1);
+    FUZZ_ASSERT(name);
+    memcpy(name, buf, len + 1);
+    enum sfs_ll_xattr x = sfs_ll_xattr_name(name);
+    int want = SFS_LL_XA_NONE;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, XATTR_NAMES[i]) == 0)
+            want = SFS_LL_XA_REQUESTS + i;
+    FUZZ_ASSERT((int)x == want);
+    if (x != SFS_LL_XA_NONE)
+        FUZZ_ASSERT(strcmp(name, XATTR_NAMES[x - SFS_LL_XA_REQUESTS]) == 0);
+    const enum sfs_ll_inode_kind kinds[3] = {SFS_LL_INODE_ROOT, SFS_LL_INODE_DIR, SFS_LL_INODE_OTHER};
+    for (int k = 0; k < 3; k++) {
+        int has = sfs_ll_xattr_has(x, kinds[k]);
+        int root_name = x == SFS_LL_XA_REQUESTS || x == SFS_LL_XA_STATS;
+        int object_name = x == SFS_LL_XA_SHARD || x == SFS_LL_XA_OFFSET;
+        FUZZ_ASSERT(has == (kinds[k] == SFS_LL_INODE_ROOT ? root_name
+                            : kinds[k] == SFS_LL_INODE_OTHER ? object_name : 0));
+        /* listed exactly when had */
+        char out[128];
+        size_t n = sfs_ll_xattr_list(kinds[k], out, sizeof(out));
+        FUZZ_ASSERT(n != (size_t)-1 && n <= sizeof(out) && (n == 0 || out[n - 1] == 0));
+        int listed = 0;
+        for (size_t at = 0; at < n; at += strlen(out + at) + 1)
+            listed |= strcmp(out + at, name) == 0;
+        FUZZ_ASSERT(listed == has);
+        /* into a buffer of the size asked: whole, or untouched */
+        char small[128];
+        size_t size = list_size % (sizeof(small) + 1);
+        memset(small, 0x5a, sizeof(small));
+        size_t m = sfs_ll_xattr_list(kinds[k], size ? small : NULL, size);
+        if (n <= size) {
+            FUZZ_ASSERT(m == n && (n == 0 || memcmp(small, out, n) == 0));
+            for (size_t i = n; i < sizeof(small); i++)
+                FUZZ_ASSERT(small[i] == 0x5a);
+        } else {
+            FUZZ_ASSERT(m == (size_t)-1);
+            for (size_t i = 0; i < sizeof(small); i++)
+                FUZZ_ASSERT(small[i] == 0x5a);
+        }
+    }
+    /* ll_getxattr's decision, for the root and another inode, whatever
+     * ll_fast_is_dir answers; it asks only for an object's name */
+    for (int root = 0; root < 2; root++)
+        for (int is_dir = -1; is_dir <= 1; is_dir++) {
+            int asked;
+            FUZZ_ASSERT(new_getxattr_enodata(name, root, is_dir, &asked) == old_getxattr_enodata(name, root, is_dir));
+            FUZZ_ASSERT(asked == (!root && (x == SFS_LL_XA_SHARD || x == SFS_LL_XA_OFFSET)));
+        }
+    free(name);
+}
+
+static void do_xattr(cursor_t *c)
+{
+    uint8_t mode = take8(c), sel = take8(c), len = take8(c);
+    char buf[NAME_BUF];
+    memset(buf, 0, sizeof(buf));
+    if ((mode & 3) == 0) {
+        size_t n = len % 48u;
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (char)take8(c);
+    } else {
+        strcpy(buf, XATTR_NAMES[sel % 4]);
+    }
+    size_t n = strlen(buf);
+    if (mode & 4) {
+        size_t at = take8(c) % (n + 1);
+        buf[at] = (char)take8(c); /* NUL: cut short */
+    }
+    n = strlen(buf);
+    if (mode & 8)
+        buf[n++] = (char)take8(c); /* one more (a NUL: the same name) */
+    if ((mode & 16) && n) {
+        size_t at = take8(c) % n;
+        if (buf[at] >= 'a' && buf[at] <= 'z')
+            buf[at] = (char)(buf[at] - 'a' + 'A');
+        else if (buf[at] >= 'A' && buf[at] <= 'Z')
+            buf[at] = (char)(buf[at] - 'A' + 'a');
+    }
+    n = strlen(buf);
+    if ((mode & 32) && n)
+        buf[n - 1] = 0;
+    buf[NAME_BUF - 1] = 0;
+    check_xattr_name(buf, take8(c));
+}
+
+/* ------------------------------------------------------ directory entries */
+
+static void check_dirent(const char *buf, size_t len)
+{
+    char *name = malloc(len ? len : 1); /* exact size, not NUL-ended */
+    FUZZ_ASSERT(name);
+    memcpy(name, buf, len);
+    int r = sfs_ll_dirent_name(name, len);
+    int want = len >= 1 && len <= 255;
+    for (size_t i = 0; want && i < len; i++)
+        want = name[i] != '/' && name[i] != 0;
+    FUZZ_ASSERT(r == want);
+    if (r)
+        FUZZ_ASSERT(len <= SFS_LL_DIRENT_NAME_MAX && len < 256); /* fits py_ll_ops.c's cname[256] with its NUL */
+    free(name);
+}
+
+static void do_dirent(cursor_t *c)
+{
+    size_t len = (size_t)take_le(c, 2) % 300u;
+    uint8_t mode = take8(c);
+    char buf[300];
+    memset(buf, 'x', sizeof(buf));
+    if (mode & 1) {
+        for (size_t i = 0; i < len; i++)
+            buf[i] = (char)take8(c);
+    } else {
+        for (size_t i = 0; i < len; i++)
+            buf[i] = LOWER_HEX[(i * 7 + mode) % 16];
+    }
+    if ((mode & 2) && len)
+        buf[take_le(c, 2) % len] = '/';
+    if ((mode & 4) && len)
+        buf[take_le(c, 2) % len] = 0;
+    check_dirent(buf, len);
+    /* the names the handlers list: keys, fan-out children, their edges */
+    if (len)
+        check_dirent(buf, len - 1);
+    check_dirent(buf, len < 299 ? len + 1 : len);
+}
+
+/* Fixed checks of every input: the four names and their neighbours, the
+ * hash directories no directory of the layout. */
+static void check_fixed(void)
+{
+    for (int i = 0; i < 4; i++) {
+        char buf[64];
+        strcpy(buf, XATTR_NAMES[i]);
+        check_xattr_name(buf, 128);
+        buf[strlen(buf) - 1] = 0;
+        check_xattr_name(buf, 0);
+    }
+    check_xattr_name("", 1);
+    check_xattr_name("security.selinux", 40);
+    uint64_t prefix;
+    FUZZ_ASSERT(sfs_ll_split_dir(&L, HASH_DIR_SHA1, &prefix) == -1);
+    FUZZ_ASSERT(sfs_ll_split_dir(&L, HASH_DIR_SHA1_GIT, &prefix) == -1);
+    uint32_t number, slot;
+    FUZZ_ASSERT(sfs_ll_object_inode(HASH_DIR_SHA1, &number, &slot) == 0);
+    FUZZ_ASSERT(sfs_ll_object_inode(HASH_DIR_SHA1_GIT, &number, &slot) == 0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     cursor_t c = {data, size, 0};
@@ -468,11 +891,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ref_layout(&R, none, 0);
     }
     check_layout();
+    check_fixed();
 
     uint64_t e[MAX_EDGES];
     size_t ne = edges(e);
     for (int op = 0; op < MAX_OPS && c.at < c.n; op++) {
-        switch (take8(&c) % 5) {
+        switch (take8(&c) % 8) {
         case 0:
             check_inode(take_le(&c, 8));
             break;
@@ -490,8 +914,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 3:
             do_name(&c);
             break;
-        default:
+        case 4:
             do_read(&c);
+            break;
+        case 5:
+            do_hash(&c);
+            break;
+        case 6:
+            do_xattr(&c);
+            break;
+        default:
+            do_dirent(&c);
             break;
         }
     }

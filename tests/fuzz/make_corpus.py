@@ -14,7 +14,12 @@ unsorted fingerprints, truncations. OUT_DIR/ll_names/ receives inputs of
 fuzz_ll_names.c (its format is in that file's header): the layouts flat,
 0:2/2:4, 0:1/1:3/3:5, seven levels and refused ones, each with inodes at
 the edges, object inodes, names found, absent and of other lengths, and
-overflow-prone reads.
+overflow-prone reads; names by another hash (digests in MOUNT/sha1 and
+MOUNT/sha1_git, content SWHIDs in the root, in the wrong place, upper case,
+cut, one longer, other prefixes, hash directories not served) and hex of
+every length; extended attribute names (the four, their neighbours, others)
+with LISTXATTR buffers around the lists' sizes; directory entry names of 0,
+1, 64, 255, 256 bytes, with a '/' or a NUL.
 
 Deterministic: the same files every run (fixed random seed). Most variants
 do not open; they are there to reach the error paths, while the real files
@@ -234,7 +239,7 @@ def synthetic_sidecars(rnd):
 # ---------------------------------------------------------------- ll_names
 # Inputs of fuzz_ll_names.c: a layout (8 bytes) then operations, each a tag
 # byte and its bytes (see the header of fuzz_ll_names.c).
-LL_INODE, LL_EDGE, LL_OBJECT, LL_NAME, LL_READ = range(5)
+LL_INODE, LL_EDGE, LL_OBJECT, LL_NAME, LL_READ, LL_HASH, LL_XATTR, LL_DIRENT = range(8)
 LL_ODD_DEPTHS = [-1, 8, 9, 15, 16, 2**31 - 1, -2**31, -8]
 
 
@@ -296,6 +301,154 @@ def ll_read_edges(a, b, c):
     return bytes([LL_READ, 0x80 | a, 0x80 | b, 0x80 | c])
 
 
+# do_hash: the forms of a name (mode & 3) and what is done to it
+LL_HASH_RAW, LL_HASH_DIGEST, LL_HASH_SWHID, LL_HASH_OTHER_PREFIX = range(4)
+LL_HASH_UPPER, LL_HASH_POKE, LL_HASH_SHORT, LL_HASH_LONGER = 4, 8, 16, 32
+# do_hash: the parent (psel % 8)
+LL_P_ROOT, LL_P_SHA1, LL_P_SHA1_GIT, LL_P_NEXT, LL_P_FANOUT, LL_P_ZERO, LL_P_GIT_DIR, LL_P_RAW = range(8)
+
+
+def ll_hash(form, body=b"", psel=LL_P_ROOT, dsel=0, flags=0, length=0, dirs=None, parent=None,
+            upper=None, poke=None, ndigits_high=0):
+    """A HASH operation: `body` is the raw name (form RAW) or the digest's
+    20 bytes (the others); dsel 0..3: both hash directories served, sha1
+    only, sha1_git only, none (| 4: one for both; `dirs`: two raw u32
+    instead); `length`: the raw name's length, or for the other forms what
+    picks the other prefix (% 6) and, with ndigits_high (0..3), how many
+    characters sfs_ll_parse_hex reads (ndigits_high * 32 + length % 33)."""
+    if form == LL_HASH_RAW:
+        length = len(body)
+        assert length < 64
+    else:
+        assert len(body) == 20
+    mode = form | flags | (LL_HASH_UPPER if upper is not None else 0) | \
+        (LL_HASH_POKE if poke is not None else 0) | (ndigits_high << 6)
+    if dirs is not None:
+        dsel |= 8
+    out = bytes([LL_HASH, dsel, psel, mode, length & 0xFF])
+    if dirs is not None:
+        out += struct.pack("<II", *dirs)
+    if psel % 8 == LL_P_RAW:
+        out += struct.pack("<Q", parent & (2**64 - 1))
+    out += body
+    if upper is not None:
+        out += bytes([upper])
+    if poke is not None:
+        out += bytes(poke)
+    return out
+
+
+LL_XATTR_NAMES = [b"user.shardfs.requests", b"user.shardfs.stats", b"user.shardfs.shard",
+                  b"user.shardfs.offset"]
+
+
+def ll_xattr(which, list_size=128, raw=None, poke=None, append=None, flip=None, drop=False):
+    """An XATTR operation: one of the four names (`which`) or `raw` bytes
+    (< 48), then `poke` (position, byte), `append` a byte, `flip` the case
+    of the character at a position, `drop` the last; `list_size`: the
+    LISTXATTR buffer (% 129)."""
+    mode = (0 if raw is not None else 1) | (4 if poke is not None else 0) | \
+        (8 if append is not None else 0) | (16 if flip is not None else 0) | (32 if drop else 0)
+    out = bytes([LL_XATTR, mode, which or 0, len(raw) if raw is not None else 0])
+    if raw is not None:
+        assert len(raw) < 48
+        out += raw
+    if poke is not None:
+        out += bytes(poke)
+    if append is not None:
+        out += bytes([append])
+    if flip is not None:
+        out += bytes([flip])
+    return out + bytes([list_size])
+
+
+def ll_dirent(length, raw=None, slash=None, nul=None, fill=0):
+    """A DIRENT operation: `length` (< 300) bytes, `raw` or lowercase hex
+    (fill: the pattern's start), a '/' or a NUL at a position."""
+    mode = (1 if raw is not None else 0) | (2 if slash is not None else 0) | (4 if nul is not None else 0) | \
+        (fill & 0xF8)
+    out = bytes([LL_DIRENT]) + struct.pack("<H", length) + bytes([mode])
+    if raw is not None:
+        assert len(raw) == length
+        out += raw
+    if slash is not None:
+        out += struct.pack("<H", slash)
+    if nul is not None:
+        out += struct.pack("<H", nul)
+    return out
+
+
+def ll_kernel_ops():
+    """Names by another hash, hex, extended attribute names and directory
+    entry names (the same in every layout)."""
+    digest = hashlib.sha1(b"ll_names").digest()
+    ops = []
+    for psel in (LL_P_ROOT, LL_P_SHA1, LL_P_SHA1_GIT, LL_P_FANOUT, LL_P_ZERO, LL_P_GIT_DIR):
+        for dsel in (0, 1, 2, 3, 4):
+            ops.append(ll_hash(LL_HASH_DIGEST, digest, psel, dsel))
+            ops.append(ll_hash(LL_HASH_SWHID, digest, psel, dsel))
+    for psel in (LL_P_SHA1, LL_P_SHA1_GIT, LL_P_ROOT):
+        form = LL_HASH_SWHID if psel == LL_P_ROOT else LL_HASH_DIGEST
+        at0 = 10 if form == LL_HASH_SWHID else 0
+        ops += [
+            ll_hash(form, digest, psel, upper=at0), ll_hash(form, digest, psel, upper=at0 + 39),
+            ll_hash(form, digest, psel, poke=(at0 + 20, 0)), ll_hash(form, digest, psel, poke=(at0 + 5, ord("g"))),
+            ll_hash(form, digest, psel, poke=(at0 + 40, ord("a"))),  # one more character
+            ll_hash(form, digest, psel, flags=LL_HASH_SHORT), ll_hash(form, digest, psel, flags=LL_HASH_LONGER),
+            ll_hash(form, digest, psel, flags=LL_HASH_SHORT | LL_HASH_LONGER),  # 40 again, last digit changed
+        ]
+    ops += [ll_hash(LL_HASH_OTHER_PREFIX, digest, LL_P_ROOT, length=n) for n in range(6)]
+    ops += [ll_hash(LL_HASH_SWHID, digest, LL_P_ROOT, poke=(3, ord("2"))),
+            ll_hash(LL_HASH_SWHID, digest, LL_P_ROOT, upper=0),
+            ll_hash(LL_HASH_SWHID, digest, LL_P_ROOT, poke=(9, 0))]
+    # neighbours of the hash directories, raw parents, raw directories
+    for psel in (LL_P_NEXT, LL_P_NEXT | 0x40, LL_P_NEXT | 0x80, LL_P_NEXT | 0xC0):
+        ops.append(ll_hash(LL_HASH_DIGEST, digest, psel))
+    for parent in (1, 2**32 - 3, 2**32 - 2, 2**32 - 1, 2**32, 2**62, 2**64 - 1):
+        ops.append(ll_hash(LL_HASH_DIGEST, digest, LL_P_RAW, parent=parent))
+        ops.append(ll_hash(LL_HASH_SWHID, digest, LL_P_RAW, parent=parent))
+    for dirs in ((1, 1), (1, 2), (2, 1), (0, 1), (258, 259), (2**32 - 1, 0)):
+        for psel in (LL_P_ROOT, LL_P_SHA1, LL_P_SHA1_GIT):
+            ops.append(ll_hash(LL_HASH_DIGEST, digest, psel, dirs=dirs))
+            ops.append(ll_hash(LL_HASH_SWHID, digest, psel, dirs=dirs))
+    # raw names: empty, dots, the prefix alone, hex of other lengths
+    hexname = digest.hex().encode()
+    for raw in (b"", b".", b"..", b"swh:1:cnt:", b"swh:1:cnt:" + hexname[:30], hexname[:39], hexname.upper(),
+                hexname[:20] + b"\xff" + hexname[21:], b"0" * 63):
+        for psel in (LL_P_ROOT, LL_P_SHA1, LL_P_SHA1_GIT):
+            ops.append(ll_hash(LL_HASH_RAW, raw, psel))
+    # hex of every length, up to 128 digits
+    for high in range(4):
+        for length in (0, 1, 2, 31, 32, 40):
+            ops.append(ll_hash(LL_HASH_DIGEST, digest, LL_P_SHA1, length=length, ndigits_high=high))
+            ops.append(ll_hash(LL_HASH_SWHID, digest, LL_P_ROOT, length=length, ndigits_high=high))
+
+    # extended attribute names; lists: the root's 41 bytes, an object's 39
+    for which in range(4):
+        for size in (0, 1, 38, 39, 40, 41, 42, 128):
+            ops.append(ll_xattr(which, size))
+        n = len(LL_XATTR_NAMES[which])
+        ops += [ll_xattr(which, poke=(n - 1, ord("x"))), ll_xattr(which, poke=(12, 0)),
+                ll_xattr(which, poke=(n, 0)), ll_xattr(which, append=ord("s")), ll_xattr(which, append=0),
+                ll_xattr(which, flip=0), ll_xattr(which, flip=13), ll_xattr(which, drop=True),
+                ll_xattr(which, poke=(n, ord("s")), drop=True)]
+    for raw in (b"", b"security.selinux", b"system.posix_acl_access", b"security.capability", b"user.shardfs.",
+                b"user.shardfs", b"trusted.shardfs.stats", b"user.shardfs.requests\0x", b"\xff" * 21):
+        ops.append(ll_xattr(None, raw=raw))
+    # upper case made lower: one of the four again
+    ops += [ll_xattr(None, raw=b"User.shardfs.stats", flip=0), ll_xattr(None, raw=b"user.shardfs.OFFSET", flip=13)]
+
+    # directory entry names
+    for length in (0, 1, 2, 63, 64, 65, 254, 255, 256, 299):
+        ops.append(ll_dirent(length))
+        if length:
+            ops += [ll_dirent(length, slash=length - 1), ll_dirent(length, nul=0),
+                    ll_dirent(length, slash=0, nul=length - 1)]
+    ops += [ll_dirent(1, raw=b"/"), ll_dirent(1, raw=b"\0"), ll_dirent(1, raw=b"."), ll_dirent(2, raw=b".."),
+            ll_dirent(3, raw=b"\xff\x80\x01"), ll_dirent(64, raw=hexname + hexname[:24])]
+    return ops
+
+
 def ll_names_seeds(rnd):
     out = []
     key = hashlib.sha256(b"ll_names").digest()
@@ -317,6 +470,13 @@ def ll_names_seeds(rnd):
         ll_read_edges(11, 0, 11), ll_read_edges(3, 13, 19), ll_read_edges(11, 12, 20),
     ] + [ll_edge(i, d) for i in range(0, 60, 3) for d in (-1, 0, 1)]
     out.append(("flat", ll_layout([]) + b"".join(common)))
+    kernel = ll_kernel_ops()
+    # the kernel's other inputs, in a flat layout and under a fan-out one
+    # (the fan-out directory of LL_P_FANOUT is then a leaf), in pieces of
+    # at most 512 operations (the harness's MAX_OPS)
+    for label, layout in (("flat", ll_layout([])), ("0:2-2:4", ll_layout([2, 4]))):
+        for i in range(0, len(kernel), 400):
+            out.append((f"kernel-{label}-{i // 400}", layout + b"".join(kernel[i:i + 400])))
 
     def fanout(nhex):
         depth, n = len(nhex), nhex[-1]

@@ -986,9 +986,10 @@ def test_takedown_told_to_every_mount_of_the_shard(mounter, tmp_path):
     assert (flat / survivor).read_bytes() == objects[survivor]
 
 
-def _ask(point: Path, payload: bytes, uid: int = 0) -> dict:
+def _ask(point: Path, payload: bytes, uid: int = 0, pause: float = 0) -> dict:
     """Send `payload` to the takedown listener of the mount at `point` (as
-    `uid`, from a child process) and return its answer."""
+    `uid`, from a child process, `pause` seconds after connecting) and
+    return its answer."""
     from shardfs.fuse import control
 
     mount = next(m for m in control.shardfs_mounts() if m.point == str(point))
@@ -1005,6 +1006,7 @@ def _ask(point: Path, payload: bytes, uid: int = 0) -> dict:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(10)
                 sock.connect(address)
+                time.sleep(pause)
                 sock.sendall(payload)
                 while not reply.endswith(b"\n"):
                     chunk = sock.recv(4096)
@@ -1040,6 +1042,10 @@ def test_takedown_listener_refuses_bad_requests_and_other_users(mounter, tmp_pat
     request = json.dumps({"op": "takedown", "shard": control.file_identity(os.stat(tmp_path / "s.shard")),
                           "keys": [key]}).encode() + b"\n"
     assert "error" in _ask(point, request, uid=65534)
+    # a client slow to send still reads the refusal (the listener reads the
+    # request before it answers: a refusal sent at once met the client's
+    # write, EPIPE, and was never read)
+    assert "error" in _ask(point, request, uid=65534, pause=0.5)
     assert (point / key).read_bytes() == objects[key]  # still served
     elsewhere = json.dumps({"op": "takedown", "shard": {"dev": 1, "ino": 1}, "keys": [key]}).encode() + b"\n"
     assert _ask(point, elsewhere) == {"shards": 0, "invalidated": 0}

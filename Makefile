@@ -25,7 +25,7 @@ C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/si
 	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h shardfs/c/kind.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
-	test-asan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
+	test-asan test-tsan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
 
 all: venv
 
@@ -87,10 +87,10 @@ test-py: venv
 	SHARDFS_WORKERS=1 SHARDFS_STRESS_SECONDS=20 $(PY) -m pytest -q $(MOUNT_TESTS)
 
 # `make test`: everything a change must pass (tests/fuzz/README.md): the C and
-# Python tests, the same under ASan+UBSan and valgrind, and a short fuzzing
-# run that first replays every input that ever crashed. `make test-quick`:
-# the C and Python tests only.
-test: test-c test-py test-asan test-valgrind fuzz-ci
+# Python tests, the same under ASan+UBSan, ThreadSanitizer and valgrind, and
+# a short fuzzing run that first replays every input that ever crashed.
+# `make test-quick`: the C and Python tests only.
+test: test-c test-py test-asan test-tsan test-valgrind fuzz-ci
 
 test-quick: test-c test-py
 
@@ -128,7 +128,7 @@ SAN_DIR := build/asan
 SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py tests/test_sigbus_guard.py \
 	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py \
-	tests/test_hashes.py tests/test_ceph.py
+	tests/test_hashes.py tests/test_ceph.py tests/test_workers.py tests/test_slow_device.py tests/test_mount_scale.py
 # swh's winery setup runs psql, which hangs with the sanitizer runtime preloaded.
 SAN_PY_DESELECT := --deselect tests/test_ceph.py::test_a_winery_mount_reads_its_rbd_pool_through_librbd
 FUZZ_DIR ?= build/fuzz
@@ -173,6 +173,62 @@ test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/tes
 	  echo "sanitized extension: $$so"; \
 	  case "$$so" in $(abspath $(SAN_DIR)/py)/*) ;; *) echo "not the sanitized build" >&2; exit 1;; esac; \
 	  $(PY) -m pytest -q -p no:cacheprovider $(SAN_PY_DESELECT) $(SAN_PY_TESTS)
+
+# test-tsan: ThreadSanitizer (gcc -fsanitize=thread): the C tests (test_hashindex
+# hashes on 4 threads, test_shard reads from several), then the mount tests
+# whose workers answer requests on libfuse's threads (fuse_session_loop_mt in
+# processes forked from the coordinator: the C request path) against a build
+# of the extension in build/tsan/py (a copy of the package, as test-asan),
+# libtsan preloaded into the stock python3. Into the Pythons only: bash (its
+# own getenv) dies when the runtime starts in it, so the tests' tools run
+# without it (tests/tsan/python and sitecustomize.py say how). Options: a
+# report ends the process (halt_on_error) and goes to build/tsan/log, and any
+# report there fails the run (a worker's report would otherwise only end
+# the worker, which the coordinator replaces); die_after_fork=0: the
+# coordinator forks workers and builders while it has threads, and they
+# start threads (TSan's default is to end such a child); handle_sigbus=0: a
+# process the tests expect to die of SIGBUS (a mapping of a taken-down
+# object, test_workers.py) dies of it, not of a report. Reports inside
+# CPython, libfuse or glibc (not instrumented) are suppressed by
+# tests/tsan/tsan.supp, never one in shardfs/c. The C code runs several
+# times slower instrumented: SHARDFS_TEST_SLOWDOWN (tests/mounting.py).
+TSAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer
+TSAN_DIR := build/tsan
+TSAN_OPTS := halt_on_error=1 second_deadlock_stack=1 suppressions=$(abspath tests/tsan/tsan.supp)
+TSAN_PY_TESTS ?= tests/test_workers.py tests/test_slow_device.py tests/test_mount_scale.py
+
+$(TSAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	@mkdir -p $(@D)
+	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(TSAN_FLAGS) -Ishardfs/c \
+	  -o $@ $< $(C_SOURCES) $(LIBS_C) -lpthread
+
+test-tsan: apt venv $(TSAN_DIR)/test_shard $(TSAN_DIR)/test_sidecar $(TSAN_DIR)/test_gindex \
+		$(TSAN_DIR)/test_chd_build $(TSAN_DIR)/test_ll_names $(TSAN_DIR)/test_hashindex
+	TSAN_OPTIONS="$(TSAN_OPTS)" ./$(TSAN_DIR)/test_hashindex
+	TSAN_OPTIONS="$(TSAN_OPTS)" ./$(TSAN_DIR)/test_shard
+	TSAN_OPTIONS="$(TSAN_OPTS)" ./$(TSAN_DIR)/test_sidecar
+	TSAN_OPTIONS="$(TSAN_OPTS)" ./$(TSAN_DIR)/test_gindex
+	TSAN_OPTIONS="$(TSAN_OPTS)" ./$(TSAN_DIR)/test_chd_build
+	TSAN_OPTIONS="$(TSAN_OPTS)" ./$(TSAN_DIR)/test_ll_names
+	rm -rf $(TSAN_DIR)/py $(TSAN_DIR)/tmp $(TSAN_DIR)/log
+	mkdir -p $(TSAN_DIR)/py $(TSAN_DIR)/log
+	rsync -a --exclude '*.so' --exclude __pycache__ --exclude c shardfs $(TSAN_DIR)/py/
+	cp tests/tsan/sitecustomize.py $(TSAN_DIR)/py/
+	CFLAGS="-O1 -g $(TSAN_FLAGS)" LDFLAGS="$(TSAN_FLAGS)" $(PY) setup.py -q build_ext --force \
+	  --build-lib $(TSAN_DIR)/py --build-temp $(TSAN_DIR)/tmp
+	@# tests/tsan/python: $(PY) with libtsan preloaded; PYTHONSAFEPATH as in test-asan.
+	set -o pipefail; export PYTHONPATH=$(abspath $(TSAN_DIR)/py) PYTHONSAFEPATH=1 SHARDFS_TEST_SLOWDOWN=5 \
+	  SHARDFS_TSAN_RUNTIME="$$(gcc -print-file-name=libtsan.so)" SHARDFS_TSAN_PYTHON=$(abspath $(PY)) \
+	  SHARDFS_TSAN_WRAPPER=$(abspath tests/tsan/python) \
+	  TSAN_OPTIONS="$(TSAN_OPTS) die_after_fork=0 handle_sigbus=0 log_path=$(abspath $(TSAN_DIR)/log)/tsan"; \
+	  so=$$(tests/tsan/python -c 'import shardfs._shardfs as m; \
+	    assert "libtsan" in open("/proc/self/maps").read(), "no libtsan"; print(m.__file__)'); \
+	  echo "sanitized extension: $$so"; \
+	  case "$$so" in $(abspath $(TSAN_DIR)/py)/*) ;; *) echo "not the sanitized build" >&2; exit 1;; esac; \
+	  tests/tsan/python -m pytest -q -p no:cacheprovider $(TSAN_PY_TESTS); rc=$$?; \
+	  if [ -n "$$(ls $(TSAN_DIR)/log)" ]; then \
+	    cat $(TSAN_DIR)/log/*; echo "ThreadSanitizer reported (above; one file per process)" >&2; exit 1; \
+	  fi; exit $$rc
 
 # test-valgrind: the C tests (and the fuzz regressions and seeds) built
 # normally (-O1 -g) and run under memcheck: any error or leak fails.

@@ -28,6 +28,12 @@ import pytest
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 TIMEOUT = 60  # seconds for an ordinary command; a hang must fail, not wedge the run
+#: How many times slower than a plain build the C code runs here:
+#: $SHARDFS_TEST_SLOWDOWN, set by `make test-tsan` (ThreadSanitizer's
+#: instrumentation of every memory access). It multiplies the bounds on how
+#: long C code takes to do its work (a scan of millions of slots), never
+#: the bounds on whether it makes something else wait.
+SLOWDOWN = float(os.environ.get("SHARDFS_TEST_SLOWDOWN", "1"))
 
 #: Mark for tests (or ``pytestmark`` of modules) that mount: skipped where
 #: FUSE is not usable.

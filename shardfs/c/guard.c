@@ -4,6 +4,9 @@
  */
 #include "guard.h"
 
+#include <pthread.h>
+#include <ucontext.h>
+
 __thread sigjmp_buf *sfs_guard_env;
 static struct sigaction sfs_guard_previous;
 
@@ -12,6 +15,15 @@ static void sfs_guard_on_sigbus(int sig, siginfo_t *info, void *context)
     sigjmp_buf *env = sfs_guard_env;
     if (env) {
         sfs_guard_env = NULL;
+        /* The signal mask the thread had when it faulted, back before the
+         * jump (sigsetjmp(env, 0) saved none). Without a wrapper this is
+         * the mask already (SA_NODEFER, an empty sa_mask); but a runtime
+         * that runs handlers from its own (ThreadSanitizer: make test-tsan)
+         * installs that one with every signal blocked, and the jump would
+         * leave them blocked: the thread's next SIGBUS would kill the
+         * process. A system call on the fault path only. */
+        if (context)
+            pthread_sigmask(SIG_SETMASK, &((ucontext_t *)context)->uc_sigmask, NULL);
         siglongjmp(*env, 1);
     }
     /* Not ours: hand it to the previous handler, or restore the default

@@ -26,7 +26,9 @@
  * before (Python's faulthandler, or the default action: the process dies as
  * it would have). sigsetjmp(env, 0) saves no signal mask (no system call):
  * the guard costs a few nanoseconds; SA_NODEFER keeps SIGBUS unblocked
- * after the jump. The per-thread pointer and the handler are defined once,
+ * after the jump (and the handler puts back the mask of the faulting
+ * thread, should a sanitizer's wrapper have blocked more: guard.c). The
+ * per-thread pointer and the handler are defined once,
  * in guard.c, for every file of the extension: a guarded call in any of
  * them is caught by the one handler installed.
  */

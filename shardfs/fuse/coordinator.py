@@ -554,20 +554,23 @@ class Coordinator:
 
         async with stream:
             try:
+                # The request is read first, whoever sends it: a refusal
+                # written and the connection closed before the client's
+                # request is in would meet the client's write (EPIPE), and
+                # the client would never read why.
+                line = b""
+                with trio.fail_after(control.TIMEOUT):
+                    while not line.endswith(b"\n") and len(line) <= control.MAX_REQUEST:
+                        chunk = await stream.receive_some(65536)
+                        if not chunk:
+                            return
+                        line += chunk
                 if control.peer_uid(stream.socket) not in (0, os.getuid()):
                     reply = {"error": "only root or the mount's owner may tell takedowns"}
+                elif len(line) > control.MAX_REQUEST:
+                    reply = {"error": f"request over {control.MAX_REQUEST} bytes"}
                 else:
-                    line = b""
-                    with trio.fail_after(control.TIMEOUT):
-                        while not line.endswith(b"\n") and len(line) <= control.MAX_REQUEST:
-                            chunk = await stream.receive_some(65536)
-                            if not chunk:
-                                return
-                            line += chunk
-                    if len(line) > control.MAX_REQUEST:
-                        reply = {"error": f"request over {control.MAX_REQUEST} bytes"}
-                    else:
-                        reply = self._takedown(*control.parse_request(line))
+                    reply = self._takedown(*control.parse_request(line))
                 await stream.send_all(json.dumps(reply).encode("ascii") + b"\n")
             except ValueError as exc:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

@@ -171,6 +171,17 @@ int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *na
     return replied;
 }
 
+/* The answer to a GETATTR or READ of an inode that names no object now:
+ * ENOENT (an empty or deleted slot), ESTALE (a shard no longer served);
+ * 1 when replied, 0 when the handlers must answer. */
+static int reply_no_object(fuse_req_t req, enum ll_resolution res)
+{
+    if (res != LL_ABSENT && res != LL_STALE)
+        return 0;
+    fuse_reply_err(req, res == LL_ABSENT ? ENOENT : ESTALE);
+    return 1;
+}
+
 int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
 {
     ll_snapshot_t *snap = fast_begin(s->fast);
@@ -184,19 +195,12 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
         ll_fill_attr(s, &st, ino, 1, 0, snap->dir_time_ns);
         fuse_reply_attr(req, &st, s->cache_timeout);
     } else {
-        switch (ll_resolve_inode(snap, ino, 0, &found)) {
-        case LL_FOUND:
+        enum ll_resolution res = ll_resolve_inode(snap, ino, 0, &found);
+        if (res == LL_FOUND) {
             ll_fill_attr(s, &st, ino, 0, found.size, found.mtime_ns);
             fuse_reply_attr(req, &st, s->cache_timeout);
-            break;
-        case LL_ABSENT:
-            fuse_reply_err(req, ENOENT);
-            break;
-        case LL_STALE:
-            fuse_reply_err(req, ESTALE);
-            break;
-        default:
-            replied = 0;
+        } else {
+            replied = reply_no_object(req, res);
         }
     }
     ll_snapshot_release(snap);
@@ -210,7 +214,8 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
         return 0;
     ll_found_t found;
     int replied = 1;
-    switch (ll_resolve_inode(snap, ino, 1, &found)) {
+    enum ll_resolution res = ll_resolve_inode(snap, ino, 1, &found);
+    switch (res) {
     case LL_FOUND: {
         size_t n = sfs_ll_read_length(found.size, (uint64_t)offset, want);
         char *buf = n ? malloc(n) : NULL;
@@ -228,14 +233,8 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
         free(buf);
         break;
     }
-    case LL_ABSENT:
-        fuse_reply_err(req, ENOENT);
-        break;
-    case LL_STALE:
-        fuse_reply_err(req, ESTALE);
-        break;
     default:
-        replied = 0;
+        replied = reply_no_object(req, res);
     }
     ll_snapshot_release(snap);
     return replied;

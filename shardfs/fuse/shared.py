@@ -152,28 +152,26 @@ class SharedState:
         base = self.row(position) + KINDS
         return self.words[base:base + len(REQUEST_KINDS)]
 
-    def requests(self) -> Dict[str, int]:
-        """Requests served by every worker, by kind (kinds never seen left out)."""
+    def _sum_counts(self, offset: int, kinds: Tuple[str, ...]) -> Dict[str, int]:
+        """The counters of `kinds` at word `offset` of every worker's row,
+        summed by kind (kinds never seen left out)."""
         out: Dict[str, int] = {}
         for position in range(self.workers):
-            base = self.row(position) + KINDS
-            for i, kind in enumerate(REQUEST_KINDS):
+            base = self.row(position) + offset
+            for i, kind in enumerate(kinds):
                 n = self.words[base + i]
                 if n:
                     out[kind] = out.get(kind, 0) + n
         return out
 
+    def requests(self) -> Dict[str, int]:
+        """Requests served by every worker, by kind (kinds never seen left out)."""
+        return self._sum_counts(KINDS, REQUEST_KINDS)
+
     def python_requests(self) -> Dict[str, int]:
         """Requests that reached the Python handlers of every worker, by
         handler (PYTHON_KINDS; kinds never seen left out)."""
-        out: Dict[str, int] = {}
-        for position in range(self.workers):
-            base = self.row(position) + PYTHON
-            for i, kind in enumerate(PYTHON_KINDS):
-                n = self.words[base + i]
-                if n:
-                    out[kind] = out.get(kind, 0) + n
-        return out
+        return self._sum_counts(PYTHON, PYTHON_KINDS)
 
     def per_position(self) -> List[int]:
         """Requests served at each worker position."""

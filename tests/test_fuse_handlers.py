@@ -177,6 +177,46 @@ def test_removed_shard_reads_but_is_not_found(corpus):
         shards.close()
 
 
+def test_worker_that_never_saw_a_held_shard_reads_it(tmp_path):
+    """A file opened through one worker is read through any other (one FUSE
+    connection, several processes). A worker that took no table between a
+    shard's addition and its removal (it served no request meanwhile) is
+    handed a table where the shard is already removed, held open by the
+    coordinator: it still reads the shard's objects, through the
+    coordinator's descriptor, for the files opened before the removal."""
+    import types
+
+    from shardfs.fuse.coordinator import Coordinator
+    from shardfs.fuse.handlers import FUSEError, ShardFS
+    from shardfs.fuse.layout import ROOT_INODE, object_inode
+    from shardfs.fuse.worker import apply_table
+    from shardfs.shardset import ShardSet
+
+    path = tmp_path / "x.shard"
+    objects = build_shard(path, make_blobs(11, 50, 1, 3000, tag=b"held"))
+    key = sorted(objects)[0]
+    coordinator = ShardSet(cache_dir=str(tmp_path / "cache"))
+    worker = ShardSet(cache_dir=str(tmp_path / "cache"))
+    try:
+        member = coordinator.add(str(path))
+        inode = object_inode(member.number, member.shard.slot_of(bytes.fromhex(key)))
+        member.held = coordinator.open_shard(member)  # what Coordinator._hold does
+        os.unlink(path)
+        coordinator.remove(member)
+        table = Coordinator.table(types.SimpleNamespace(shards=coordinator, catalog=None))
+        apply_table(worker, table, os.getpid())
+        fs = ShardFS(worker)
+        assert fs.lookup(ROOT_INODE, key.encode()) is None
+        with pytest.raises(FUSEError) as exc:
+            fs.getattr(inode)
+        assert exc.value.errno == errno.ESTALE
+        assert fs.read(inode, 0, 1 << 17) == objects[key]
+        fs.close()
+    finally:
+        worker.close()
+        coordinator.close()
+
+
 def test_unexpected_exception_is_eio(corpus, monkeypatch, caplog):
     """A handler that fails with anything but FUSEError raises
     FUSEError(EIO) (and logs why): the C caller answers the errno."""

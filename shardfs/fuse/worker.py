@@ -156,8 +156,9 @@ class WorkerHooks(RequestHooks):
 def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> None:
     """Change `shards` to match a published shard table (see
     `shardfs.fuse.coordinator.Coordinator.table`): add the shards it serves
-    that `shards` lacks (described, not opened: they open when used),
-    mark removed ones, take the sidecars it names, and forget the shards
+    or holds that `shards` lacks (described, not opened: they open when
+    used; a file opened through another process may be read through this
+    one), mark removed ones, take the sidecars it names, and forget the shards
     it no longer lists. A shard the coordinator holds open (removed, with
     files open on it) is opened again through the coordinator's own
     descriptor, ``/proc/<coordinator>/fd/<n>``: the very file it served,
@@ -168,8 +169,10 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
         listed.add(number)
         member = shards.get(number)
         if member is None:
-            if entry["removed"]:
-                continue  # never served here: nothing open on it here
+            if entry["removed"] and entry["fd"] is None:
+                continue  # not held by the coordinator: no file is open on it
+            # A removed shard the coordinator holds is added too: files
+            # opened through another process are read through this one.
             member = shards.add_entry(MountedShard(
                 number, entry["path"], tuple(entry["ident"]), entry["objects_count"], entry["slot_count"],
                 entry["extent"], entry["mtime"], identity=bytes.fromhex(entry["identity"])))

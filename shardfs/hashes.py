@@ -38,7 +38,7 @@ import os
 from array import array
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from shardfs import Shard, sidecar
+from shardfs import Shard, _shardfs, sidecar
 from shardfs._shardfs import HashIndex, build_hash_indexes, write_hash_index
 from shardfs.errors import ShardError, StaleSidecarError
 
@@ -50,8 +50,6 @@ HASH_NAMES = ("sha1", "sha1_git")
 KINDS = {"sha1": 1, "sha1_git": 2}
 #: Bytes of a sha1 or sha1_git digest.
 DIGEST_SIZE = 20
-#: A content SWHID is this followed by the sha1_git in hex.
-SWHID_PREFIX = "swh:1:cnt:"
 #: Up to this many indexed shards, a lookup asks each one's hash index
 #: (a binary search of one bucket each) rather than the levels first: a
 #: level costs one more read (a page of the level file) than it saves.
@@ -89,18 +87,10 @@ def parse_digest(text: str) -> bytes:
         raise ValueError(f"{text!r}: a sha1 or sha1_git is 40 hexadecimal digits") from None
 
 
-def parse_swhid(text: str) -> Optional[bytes]:
-    """The sha1_git a content SWHID names (``swh:1:cnt:<40 hex>``, lower
-    case as SWHIDs are written), or None when `text` is not one."""
-    if not text.startswith(SWHID_PREFIX) or len(text) != len(SWHID_PREFIX) + 2 * DIGEST_SIZE:
-        return None
-    hexa = text[len(SWHID_PREFIX):]
-    if hexa != hexa.lower():
-        return None
-    try:
-        return bytes.fromhex(hexa)
-    except ValueError:
-        return None
+#: parse_swhid(text) -> the 20-byte sha1_git a content SWHID
+#: (``swh:1:cnt:<40 lowercase hex>``) names, or None when `text` is not
+#: one: the parser of the request path (``shardfs/c/ll_names.h``).
+parse_swhid = _shardfs.parse_swhid
 
 
 def digest(name: str, data: bytes) -> bytes:

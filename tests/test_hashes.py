@@ -82,6 +82,24 @@ def test_digests_match_sha1sum_git_and_swh_model(real):
             assert proc.stdout == data, (path, name)
 
 
+def test_parse_swhid_reads_what_swh_model_writes():
+    """`hashes.parse_swhid` (the request path's parser) gives back the
+    sha1_git of every content SWHID swh.model writes, and None for what is
+    no content SWHID (another object type, upper case, a wrong length, a
+    NUL, qualifiers)."""
+    for data in (b"", b"x", bytes(range(256)) * 9):
+        git = MultiHash.from_data(data).digest()["sha1_git"]
+        swhid = str(CoreSWHID(object_type=ObjectType.CONTENT, object_id=git))
+        assert hashes.parse_swhid(swhid) == git
+        assert hashes.parse_swhid(swhid.upper()) is None
+        assert hashes.parse_swhid(swhid[:-1]) is None
+        assert hashes.parse_swhid(swhid + "0") is None
+        assert hashes.parse_swhid(swhid[:-1] + "\0") is None
+        assert hashes.parse_swhid(swhid + ";origin=x") is None
+        assert hashes.parse_swhid(str(CoreSWHID(object_type=ObjectType.DIRECTORY, object_id=git))) is None
+    assert hashes.parse_swhid("") is None
+
+
 def test_get_by_hash_errors(real, tmp_path):
     """An absent digest: reported, exit 1; a malformed one: exit 2; a
     digest of the other hash is absent; no index: one line naming the

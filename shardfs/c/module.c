@@ -182,6 +182,21 @@ static PyObject *split_object_inode(PyObject *module, PyObject *arg)
     return Py_BuildValue("(II)", number, slot);
 }
 
+/* parse_swhid(text: str) -> the 20-byte sha1_git a content SWHID names
+ * (swh:1:cnt:<40 lowercase hex>), or None: the request path's parser. */
+static PyObject *parse_swhid(PyObject *module, PyObject *arg)
+{
+    Py_ssize_t len;
+    const char *text = PyUnicode_AsUTF8AndSize(arg, &len);
+    if (!text)
+        return NULL;
+    static const uint64_t dirs[2] = {0, 1}; /* SWHIDs only (in the root) */
+    uint8_t key[SFS_KEY_SIZE];
+    if ((size_t)len != strlen(text) || sfs_ll_hash_name(dirs, SFS_LL_ROOT_INODE, text, key) != 1)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)key, SFS_LL_DIGEST_NAME_SIZE / 2);
+}
+
 static PyObject *table_generation(PyObject *module, PyObject *unused)
 {
     return PyLong_FromUnsignedLongLong(sfs_table_generation);
@@ -231,6 +246,9 @@ static PyMethodDef module_functions[] = {
     {"split_object_inode", (PyCFunction)split_object_inode, METH_O,
      "split_object_inode(ino) -> (shard number, slot) of an object inode, or None for a directory "
      "or a database object (shardfs/c/ll_names.h)"},
+    {"parse_swhid", (PyCFunction)parse_swhid, METH_O,
+     "parse_swhid(text) -> the 20-byte sha1_git a content SWHID (swh:1:cnt:<40 lowercase hex>) "
+     "names, or None when `text` is not one (shardfs/c/ll_names.h)"},
     {"table_generation", (PyCFunction)table_generation, METH_NOARGS,
      "table_generation() -> int: changes of what a request snapshot is built from (open shards, "
      "filters, index levels, hash indexes) in this process so far."},

@@ -36,7 +36,7 @@ import io
 import logging
 import os
 from array import array
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from shardfs import Shard, _shardfs, sidecar
 from shardfs._shardfs import HashIndex, build_hash_indexes, write_hash_index
@@ -295,8 +295,9 @@ class HashSet:
                 self.levels[name] = level
         self._unlevelled: Dict[str, Tuple[object, List]] = {}
         self._direct: Dict[str, Tuple[object, Optional[List]]] = {}
-        #: (hash name, digest) -> (shard number, slot) of objects checked.
-        self._checked: Dict[Tuple[str, bytes], Tuple[int, int]] = {}
+        #: (hash name, digest) -> the inode (shard number, slot) of an
+        #: object checked.
+        self._checked: Dict[Tuple[str, bytes], int] = {}
         for member in shards.served():
             self.attach(member)
 
@@ -409,56 +410,88 @@ class HashSet:
         self._open[(member.number, name)] = found
         return found
 
+    def snapshot_hashes(self, numbers: int, dir_inodes: Dict[str, int]) -> Tuple[Any, Any]:
+        """What a snapshot of the C resolver (``shardfs/c/ll_snapshot.h``)
+        holds of the names by sha1 and sha1_git: a pair (sha1, sha1_git),
+        each None (not one of `names`) or (the inode of its directory in
+        `dir_inodes`, 0 when absent; the levels over its digests, their
+        maps; the `HashIndex` of each shard number below `numbers`, or
+        None; an ``array('q')`` of the indexed shards the levels do not
+        hold, asked each). Every index of a served shard is opened here."""
+        out = []
+        for name in ("sha1", "sha1_git"):
+            if name not in self.names:
+                out.append(None)
+                continue
+            level = self.levels.get(name)
+            levels, maps = level.lookup_args if level is not None else ((), ())
+            indexes: List[Any] = [None] * numbers
+            for member in self.shards.served():
+                if name in member.hashes and member.number < numbers:
+                    indexes[member.number] = self.index_of(member, name)
+            direct = self.direct(name)
+            if direct is not None:  # few shards: each asked, not the levels
+                levels, maps = (), ()
+            unlevelled = array("q", [m.number for m in (direct if direct is not None else self.unlevelled(name))])
+            out.append((dir_inodes.get(name, 0), levels, maps, tuple(indexes), unlevelled))
+        return (out[0], out[1])
+
     def find(self, name: str, digest_: bytes) -> Optional[Tuple[object, int, int, int]]:
         """The first served shard (by number) holding an object whose
         `name` digest is `digest_` (20 bytes), as (shard, slot,
-        data_offset, size), or None. Each candidate object is hashed again
-        before it is answered (module docstring). A shard that cannot be
-        opened or read is logged and skipped. The last CHECKED_CACHE
+        data_offset, size), or None: the C resolver of the set
+        (`shardfs.shardset.ShardSet.resolver`, ``ll_resolve_digest``),
+        which hashes each candidate object again before answering it
+        (module docstring). A shard that cannot be opened is logged and
+        skipped; one that cannot be read is logged, and the digest is then
+        absent unless a later shard holds it. The last CHECKED_CACHE
         digests found are remembered with their slot: found again, the
         object is not hashed again (its bytes cannot change), but its slot
         is read again (a takedown is seen at once)."""
         if name not in self.names:
             return None
-        hit = self._checked.get((name, digest_))
+        hit = self._checked.pop((name, digest_), None)
         if hit is not None:
-            member = self.shards.get(hit[0])
-            if member is not None and not member.removed and name in member.hashes:
-                try:
-                    live = self.shards.open_shard(member).slot(hit[1])
-                except (OSError, ShardError):
-                    live = None
-                if live is not None:
-                    return (member, hit[1], live[1], live[2])
-            del self._checked[(name, digest_)]
-        direct = self.direct(name)
-        candidates = self.unlevelled(name) if direct is None else direct
-        level = self.levels.get(name)
-        if direct is None and level is not None and level.levels:
-            numbers = set()
-            key = digest_ + bytes(32 - DIGEST_SIZE)
-            for lv in level.levels:
-                numbers.update(lv.numbers[j] for j in lv.index.lookup(key) if lv.numbers[j] >= 0)
-            if numbers:
-                found = [self.shards.get(n) for n in numbers]
-                candidates = sorted([m for m in found if m is not None and not m.removed and name in m.hashes]
-                                    + candidates, key=lambda m: m.number)
-        for member in candidates:
-            self.probes += 1
-            index = self.index_of(member, name)
-            if index is None:
-                continue
+            code, value = self.shards.resolver().inode(hit)
+            if code == _shardfs.RESOLVE_FOUND and name in getattr(self.shards.get(value[3]), "hashes", ()):
+                self._checked[(name, digest_)] = hit
+                return (self.shards.get(value[3]), hit & 0xFFFFFFFF, value[4], value[1])
+        kind, start, opened = KINDS[name] - 1, 0, set()
+        while True:
+            code, value = self.shards.resolver().find_digest(kind, digest_, start)
+            if code != _shardfs.RESOLVE_OPEN:
+                break
+            member, start = self.shards.get(value), value + 1
             try:
-                found = index.find(self.shards.open_shard(member).reader, digest_)
+                shard = self.shards.open_shard(member)
             except (OSError, ShardError) as exc:
                 log.warning("%s: looking up a %s: %s", member.path, name, exc)
                 continue
+            if value not in opened:  # asked again, now open
+                opened.add(value)
+                start = value
+                continue
+            index = self.index_of(member, name)  # opened, yet past the resolver's bound: asked here
+            found = index.find(shard.reader, digest_) if index is not None else None
             if found is not None:
-                if len(self._checked) >= CHECKED_CACHE:
-                    self._checked.clear()
-                self._checked[(name, digest_)] = (member.number, found[0])
+                self.probes += 1
+                self._remember(name, digest_, _shardfs.object_inode(member.number, found[0]))
                 return (member, found[0], found[1], found[2])
-        return None
+        if code == _shardfs.RESOLVE_FAILED:
+            member = self.shards.get(value[0])
+            log.warning("%s: looking up a %s: %s", member.path if member else "?", name, value[1])
+            return None
+        self.probes += value[5] if code == _shardfs.RESOLVE_FOUND else value
+        if code != _shardfs.RESOLVE_FOUND:
+            return None
+        ino, size, _, number, offset, _ = value
+        self._remember(name, digest_, ino)
+        return (self.shards.get(number), ino & 0xFFFFFFFF, offset, size)
+
+    def _remember(self, name: str, digest_: bytes, ino: int) -> None:
+        if len(self._checked) >= CHECKED_CACHE:
+            self._checked.clear()
+        self._checked[(name, digest_)] = ino
 
     def forget(self, member) -> None:
         """Close `member`'s indexes (it is no longer served)."""

@@ -378,11 +378,13 @@ class ShardSet:
     def probes(self, value: int) -> None:
         self._probes = value
 
-    def resolver_state(self, mtimes: bool = False) -> SnapshotState:
+    def resolver_state(self, mtimes: bool = False, hash_dirs: Optional[Dict[str, int]] = None) -> SnapshotState:
         """What the C resolver (``shardfs/c/ll_resolve.h``) reads of the set
-        (a flat layout, no names by other hashes): its open shards,
-        filters, global index levels and each shard number's state (a
-        served shard's mtime in ns when `mtimes`, else 0)."""
+        (a flat layout): its open shards, filters, global index levels,
+        each shard number's state (a served shard's mtime in ns when
+        `mtimes`, else 0) and the hash indexes (`shardfs.hashes.HashSet.
+        snapshot_hashes`; `hash_dirs`: the inodes of the directories of
+        names by each hash, none by default)."""
         if self._filtered[0] != self.version:
             self._filtered = (self.version, len(self.filters))
         levels, maps = self.index.lookup_args if self.index is not None else ((), ())
@@ -390,16 +392,19 @@ class ShardSet:
         for member in self.shards.values():
             states[member.number] = (_shardfs.SHARD_REMOVED if member.removed
                                      else int(round(member.mtime * 1e9)) if mtimes else 0)
-        return SnapshotState(self.open_table, self.filters if self._filtered[1] else None, levels, maps, states)
+        hashes = self.hashes.snapshot_hashes(len(states), hash_dirs or {}) if self.hashes is not None else None
+        return SnapshotState(self.open_table, self.filters if self._filtered[1] else None, levels, maps, states,
+                             hashes=hashes)
 
     def resolver(self) -> Any:
         """The C resolver (`shardfs._shardfs.Resolver`) over the set as it
         is now: made again when a shard is added, removed, opened or
-        closed, or the index changed."""
+        closed, or the index or the hash indexes changed."""
         levels = self.index.lookup_args if self.index is not None else None
-        made_of = (self.version, levels, _shardfs.table_generation())
+        made_of = (self.version, levels, _shardfs.table_generation(),
+                   self.hashes.generation if self.hashes is not None else None)
         old, resolver = self._resolver
-        if resolver is None or old[0] != made_of[0] or old[1] is not made_of[1] or old[2] != made_of[2]:
+        if resolver is None or old[0] != made_of[0] or old[1] is not made_of[1] or old[2:] != made_of[2:]:
             resolver = _shardfs.Resolver(self.resolver_state())
             self._resolver = (made_of, resolver)
         return resolver

@@ -217,6 +217,18 @@ enum ll_resolution ll_resolve_name(ll_snapshot_t *snap, uint64_t parent, const c
     return resolve(snap, key, kind, start, UINT64_MAX, f);
 }
 
+enum ll_resolution ll_resolve_digest(ll_snapshot_t *snap, int kind, const uint8_t digest[SFS_LL_DIGEST_SIZE],
+                                     uint64_t start, ll_found_t *f)
+{
+    memset(f, 0, sizeof(*f));
+    f->by_hash = 1;
+    if (kind < 0 || kind > 1)
+        return LL_ABSENT;
+    uint8_t key[SFS_KEY_SIZE] = {0};
+    memcpy(key, digest, SFS_LL_DIGEST_SIZE);
+    return resolve(snap, key, kind, start, UINT64_MAX, f);
+}
+
 enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int for_read, ll_found_t *f)
 {
     memset(f, 0, sizeof(*f));

@@ -72,6 +72,14 @@ enum ll_resolution ll_resolve_name(ll_snapshot_t *snap, uint64_t parent, const c
 enum ll_resolution ll_resolve_key(ll_snapshot_t *snap, const uint8_t key[SFS_KEY_SIZE], uint64_t start,
                                   uint64_t below, ll_found_t *found);
 
+/* The object whose digest of `kind` (0: sha1, 1: sha1_git) is `digest`
+ * (20 bytes), through the hash indexes of the shards numbered `start` or
+ * more (each candidate hashed again before it is answered): as
+ * ll_resolve_name (the Python API's HashSet.find). LL_ABSENT when the
+ * snapshot has no names by that hash. */
+enum ll_resolution ll_resolve_digest(ll_snapshot_t *snap, int kind, const uint8_t digest[SFS_LL_DIGEST_SIZE],
+                                     uint64_t start, ll_found_t *found);
+
 /* The object inode `ino` names, its slot read now. LL_FOUND, LL_ABSENT
  * (an empty or deleted slot, past the index), LL_STALE (its shard is not
  * served: removed, replaced or never known; `for_read`: a removed shard

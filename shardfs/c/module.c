@@ -194,7 +194,7 @@ static PyObject *parse_swhid(PyObject *module, PyObject *arg)
     uint8_t key[SFS_KEY_SIZE];
     if ((size_t)len != strlen(text) || sfs_ll_hash_name(dirs, SFS_LL_ROOT_INODE, text, key) != 1)
         Py_RETURN_NONE;
-    return PyBytes_FromStringAndSize((const char *)key, SFS_LL_DIGEST_NAME_SIZE / 2);
+    return PyBytes_FromStringAndSize((const char *)key, SFS_LL_DIGEST_SIZE);
 }
 
 static PyObject *table_generation(PyObject *module, PyObject *unused)

@@ -96,6 +96,46 @@ static PyObject *answer(enum ll_resolution res, const ll_found_t *f)
     }
 }
 
+/* One question to the resolver (the arguments of a method below). */
+struct question {
+    enum { Q_NAME, Q_KEY, Q_DIGEST, Q_INODE } what;
+    uint64_t a, b;     /* parent or inode, start; below (Q_KEY) */
+    int kind;          /* Q_DIGEST: 0 sha1, 1 sha1_git; Q_INODE: for_read */
+    const void *bytes; /* the name, key or digest */
+};
+
+/* Ask `q` of the current snapshot (GIL released) and answer (code, value). */
+static PyObject *ask(Resolver *self, const struct question *q)
+{
+    ll_snapshot_t *snap = resolver_snapshot(self);
+    if (!snap)
+        return NULL;
+    ll_found_t f;
+    enum ll_resolution res;
+    Py_BEGIN_ALLOW_THREADS
+    switch (q->what) {
+    case Q_NAME:
+        res = ll_resolve_name(snap, q->a, q->bytes, q->b, &f);
+        if (res == LL_FOUND) /* the READ that follows asks for its first 128 KiB */
+            sfs_prefetch(f.shard, f.offset, f.size < LL_PREFETCH_BYTES ? f.size : LL_PREFETCH_BYTES);
+        break;
+    case Q_KEY:
+        res = ll_resolve_key(snap, q->bytes, q->a, q->b, &f);
+        break;
+    case Q_DIGEST:
+        res = ll_resolve_digest(snap, q->kind, q->bytes, q->a, &f);
+        break;
+    default:
+        res = ll_resolve_inode(snap, q->a, q->kind, &f);
+    }
+    Py_END_ALLOW_THREADS
+    if (q->what != Q_INODE)
+        mark_used(self, &f);
+    PyObject *r = answer(res, &f);
+    ll_snapshot_release(snap);
+    return r;
+}
+
 /* lookup(parent, name: bytes, start=0) -> (code, value): `name` in
  * directory `parent`, asking shards numbered `start` or more. An object
  * found starts being read (its first 128 KiB: the READ that follows). */
@@ -108,20 +148,7 @@ static PyObject *Resolver_lookup(Resolver *self, PyObject *args)
         return NULL;
     if ((size_t)len != strlen(name))
         return Py_BuildValue("(iO)", (int)LL_ABSENT, Py_None); /* a NUL inside: no file has that name */
-    ll_snapshot_t *snap = resolver_snapshot(self);
-    if (!snap)
-        return NULL;
-    ll_found_t f;
-    enum ll_resolution res;
-    Py_BEGIN_ALLOW_THREADS
-    res = ll_resolve_name(snap, parent, name, start, &f);
-    if (res == LL_FOUND)
-        sfs_prefetch(f.shard, f.offset, f.size < LL_PREFETCH_BYTES ? f.size : LL_PREFETCH_BYTES);
-    Py_END_ALLOW_THREADS
-    mark_used(self, &f);
-    PyObject *r = answer(res, &f);
-    ll_snapshot_release(snap);
-    return r;
+    return ask(self, &(struct question){Q_NAME, parent, start, 0, name});
 }
 
 /* find(key: 32 bytes, start=0, below=-1) -> (code, value): the object of
@@ -135,18 +162,25 @@ static PyObject *Resolver_find(Resolver *self, PyObject *args)
     uint8_t key[SFS_KEY_SIZE];
     if (!PyArg_ParseTuple(args, "O|KL:find", &keyobj, &start, &below) || get_key(keyobj, key) < 0)
         return NULL;
-    ll_snapshot_t *snap = resolver_snapshot(self);
-    if (!snap)
+    return ask(self, &(struct question){Q_KEY, start, below < 0 ? UINT64_MAX : (uint64_t)below, 0, key});
+}
+
+/* find_digest(kind, digest: 20 bytes, start=0) -> (code, value): the
+ * object whose sha1 (kind 0) or sha1_git (kind 1) is `digest`, in the
+ * lowest-numbered shard numbered `start` or more holding it. */
+static PyObject *Resolver_find_digest(Resolver *self, PyObject *args)
+{
+    int kind;
+    const char *digest;
+    Py_ssize_t len;
+    unsigned long long start = 0;
+    if (!PyArg_ParseTuple(args, "iy#|K:find_digest", &kind, &digest, &len, &start))
         return NULL;
-    ll_found_t f;
-    enum ll_resolution res;
-    Py_BEGIN_ALLOW_THREADS
-    res = ll_resolve_key(snap, key, start, below < 0 ? UINT64_MAX : (uint64_t)below, &f);
-    Py_END_ALLOW_THREADS
-    mark_used(self, &f);
-    PyObject *r = answer(res, &f);
-    ll_snapshot_release(snap);
-    return r;
+    if (len != SFS_LL_DIGEST_SIZE || kind < 0 || kind > 1) {
+        PyErr_SetString(PyExc_ValueError, "find_digest: kind 0 or 1 and a 20-byte digest");
+        return NULL;
+    }
+    return ask(self, &(struct question){Q_DIGEST, start, 0, kind, digest});
 }
 
 /* inode(ino, for_read=False) -> (code, value): the object inode `ino`
@@ -157,17 +191,7 @@ static PyObject *Resolver_inode(Resolver *self, PyObject *args)
     int for_read = 0;
     if (!PyArg_ParseTuple(args, "K|p:inode", &ino, &for_read))
         return NULL;
-    ll_snapshot_t *snap = resolver_snapshot(self);
-    if (!snap)
-        return NULL;
-    ll_found_t f;
-    enum ll_resolution res;
-    Py_BEGIN_ALLOW_THREADS
-    res = ll_resolve_inode(snap, ino, for_read, &f);
-    Py_END_ALLOW_THREADS
-    PyObject *r = answer(res, &f);
-    ll_snapshot_release(snap);
-    return r;
+    return ask(self, &(struct question){Q_INODE, ino, 0, for_read, NULL});
 }
 
 /* read(ino, offset, size) -> (code, value): bytes [offset, offset + size)
@@ -224,6 +248,9 @@ static PyMethodDef Resolver_methods[] = {
     {"find", (PyCFunction)Resolver_find, METH_VARARGS,
      "find(key, start=0, below=-1) -> (code, value): the object of a 32-byte key in the lowest-numbered "
      "shard holding it among those numbered [start, below)"},
+    {"find_digest", (PyCFunction)Resolver_find_digest, METH_VARARGS,
+     "find_digest(kind, digest, start=0) -> (code, value): the object whose sha1 (kind 0) or sha1_git "
+     "(kind 1) is the 20-byte digest, in the lowest-numbered shard numbered start or more holding it"},
     {"inode", (PyCFunction)Resolver_inode, METH_VARARGS,
      "inode(ino, for_read=False) -> (code, value): the object inode `ino` names, its slot read now"},
     {"read", (PyCFunction)Resolver_read, METH_VARARGS,

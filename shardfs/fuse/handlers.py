@@ -330,7 +330,7 @@ class ShardFS:
         if old is not None and old[0] == made_of[0] and old[1] is levels and old[2] is maps \
                 and old[3] == made_of[3] and old[4] == made_of[4] and old[5] == made_of[5]:
             return state
-        base = shards.resolver_state(mtimes=True)
+        base = shards.resolver_state(mtimes=True, hash_dirs=HASH_DIR_INODES)
         removed_open = []
         for member in shards.shards.values():
             shard = (member.held or shards.open_shards.items.get(member.number)) if member.removed else None
@@ -343,38 +343,9 @@ class ShardFS:
                 orders[member.number] = (os.fsencode(sidecar_mod.sidecar_path(member.sidecar_dir, member.identity)),
                                          member.identity)
         state = dataclasses.replace(base, prefix_lengths=prefixes, dir_time_ns=self._dir_time_ns,
-                                    applied=made_of[3], orders=tuple(orders),
-                                    hashes=self._fast_hashes(len(orders)), removed_open=tuple(removed_open))
+                                    applied=made_of[3], orders=tuple(orders), removed_open=tuple(removed_open))
         self._fast = (made_of, state)
         return state
-
-    def _fast_hashes(self, numbers: int) -> Any:
-        """The names by sha1 and sha1_git for the C request path: None, or
-        a pair (sha1, sha1_git), each None or (its directory's inode, the
-        levels over its digests, their maps, the `HashIndex` of each shard
-        number or None, an array('q') of the indexed shards the levels do
-        not hold). Every index of a served shard is opened here."""
-        hashes = self.shards.hashes
-        if hashes is None or self.winery is not None:
-            return None
-        out = []
-        for name in ("sha1", "sha1_git"):
-            if name not in hashes.names:
-                out.append(None)
-                continue
-            level = hashes.levels.get(name)
-            levels, maps = level.lookup_args if level is not None else ((), ())
-            indexes: List[Any] = [None] * numbers
-            for member in self.shards.served():
-                if name in member.hashes and member.number < numbers:
-                    indexes[member.number] = hashes.index_of(member, name)
-            direct = hashes.direct(name)
-            if direct is not None:  # few shards: each asked, not the levels
-                levels, maps = (), ()
-            unlevelled = array.array("q", [m.number for m in (direct if direct is not None
-                                                               else hashes.unlevelled(name))])
-            out.append((HASH_DIR_INODES[name], levels, maps, tuple(indexes), unlevelled))
-        return tuple(out)
 
     # ------------------------------------------------------------ helpers
 

@@ -188,6 +188,14 @@ class OpenCache:
             self.items.move_to_end(number)
         return item
 
+    def make_room(self) -> None:
+        """Drop entries so that one more fits within `capacity` (entries in
+        use stay): called before an object is opened, so that a process
+        never holds capacity + 1 of them, even for a moment."""
+        excess = len(self.items) + 1 - self.capacity
+        if excess > 0:
+            self._drop(excess, -1)
+
     def put(self, number: int, item: Any) -> None:
         self.items[number] = item
         self.items.move_to_end(number)
@@ -433,6 +441,7 @@ class ShardSet:
         shard = member.held or self.open_shards.get(member.number)
         if shard is not None:
             return shard
+        self.open_shards.make_room()
         shard = Shard(member.source or member.path)
         try:
             if (member.source is None and not rbd.is_source(member.path)
@@ -533,6 +542,7 @@ class ShardSet:
         `open_candidate` raises.
         """
         if shard is None:
+            self.open_shards.make_room()
             shard = Shard(path)
         try:
             st = os.fstat(shard.fileno())

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import resource
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,33 @@ def test_set_with_a_small_bound_finds_every_key(small_shards, tmp_path):
     assert shards.reopens > reopens  # the cache was too small: shards were opened again
     assert shards.find(sha(b"absent")) is None
     shards.close()
+
+
+def test_set_never_holds_more_than_its_bound_even_for_a_moment(small_shards, tmp_path):
+    """A shard is opened only once there is room for it: with descriptors
+    for exactly `max_open` shards left, a set opens every shard in turn (an
+    open before the eviction would fail with EMFILE)."""
+    base, contents = small_shards
+    script = tmp_path / "bound.py"
+    script.write_text(
+        "import os, resource, sys\n"
+        "from shardfs.shardset import ShardSet\n"
+        f"shards = ShardSet(cache_dir={str(tmp_path / 'cache')!r}, max_open=8)\n"
+        "paths = sys.argv[1:]\n"
+        "members = [shards.add(p) for p in paths[:8]]\n"  # opens 8: the bound
+        "free = os.open('/dev/null', os.O_RDONLY)\n"  # the lowest free descriptor
+        "os.close(free)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (free, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "for p in paths[8:]:\n"  # each open must first close one
+        "    member = shards.add(p)\n"
+        "    assert len(shards.open_shards) <= 8\n"
+        "for member in members:\n"  # closed since: opened again
+        "    shards.open_shard(member)\n"
+        "    assert len(shards.open_shards) <= 8\n"
+        "print('ok')\n")
+    names = sorted(contents)[:40]
+    proc = run([sys.executable, str(script), *(str(base / n) for n in names)], check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
 def _stats(point: Path) -> dict:

@@ -4,6 +4,14 @@ Every message names the file and the problem, on one line, so that the
 command line can print it as is.
 """
 
+import errno
+
+#: What an open that fails with these errno values says: not that the
+#: shard is unreadable, but that the process is out of descriptors or
+#: memory for now. Such a failure is raised to the caller, never taken for
+#: a shard to pass over (which would answer that a present key is absent).
+RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
 
 class ShardError(Exception):
     """Base class of shardfs errors (also raised for a perfect hash that

@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from shardfs import Shard, _shardfs, sidecar
 from shardfs._shardfs import HashIndex, build_hash_indexes, write_hash_index
-from shardfs.errors import ShardError, StaleSidecarError
+from shardfs.errors import RESOURCE_ERRORS, ShardError, StaleSidecarError
 
 log = logging.getLogger("shardfs")
 
@@ -444,7 +444,9 @@ class HashSet:
         which hashes each candidate object again before answering it
         (module docstring). A shard that cannot be opened is logged and
         skipped; one that cannot be read is logged, and the digest is then
-        absent unless a later shard holds it. The last CHECKED_CACHE
+        absent unless a later shard holds it. Raises OSError (EMFILE,
+        ENFILE, ENOMEM) when a candidate cannot be opened for want of
+        descriptors or memory. The last CHECKED_CACHE
         digests found are remembered with their slot: found again, the
         object is not hashed again (its bytes cannot change), but its slot
         is read again (a takedown is seen at once)."""
@@ -463,8 +465,10 @@ class HashSet:
                 break
             member, start = self.shards.get(value), value + 1
             try:
-                shard = self.shards.open_shard(member)
+                shard = self.shards.open_for_resolver(member)
             except (OSError, ShardError) as exc:
+                if getattr(exc, "errno", None) in RESOURCE_ERRORS:
+                    raise
                 log.warning("%s: looking up a %s: %s", member.path, name, exc)
                 continue
             if value not in opened:  # asked again, now open

@@ -48,7 +48,7 @@ from shardfs import rbd
 from shardfs import sidecar as sidecar_mod
 from shardfs import _shardfs
 from shardfs._shardfs import OpenShards, SidecarSet
-from shardfs.errors import CorruptShardError, ShardError
+from shardfs.errors import RESOURCE_ERRORS, CorruptShardError, ShardError
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -507,6 +507,22 @@ class ShardSet:
         self.set_sidecar(member, sidecar, directory)
         return True
 
+    def open_for_resolver(self, member: MountedShard) -> Shard:
+        """`open_shard` for a candidate the C resolver asked for: the
+        resolver cached here lets go of its snapshot first (which would
+        keep the shard the open closes to make room open meanwhile).
+        Raises what `open_shard` raises; an OSError of RESOURCE_ERRORS is
+        logged and raised as it is, whatever the caller does with others."""
+        self._resolver = (None, None)
+        try:
+            return self.open_shard(member)
+        except OSError as exc:
+            if exc.errno in RESOURCE_ERRORS:
+                log.error("shard %s (number %d) cannot be opened now: %s", member.path, member.number,
+                          os.strerror(exc.errno))
+                raise OSError(exc.errno, f"{member.path}: {os.strerror(exc.errno)}") from None
+            raise
+
     def _open_failed(self, member: MountedShard, exc: BaseException) -> None:
         message = f"{exc}"
         if member.error != message:
@@ -715,7 +731,8 @@ class ShardSet:
         and skipped. It may wait for the device (the GIL is released
         meanwhile). Raises CorruptShardError when a probed slot is corrupt
         and no later candidate holds the key, OSError (EIO) when a shard's
-        file shrank. `count`: add the call to `lookups` and `probes` (False
+        file shrank, OSError (EMFILE, ENFILE, ENOMEM) when a candidate
+        cannot be opened for want of descriptors or memory. `count`: add the call to `lookups` and `probes` (False
         for the duplicate checks of a listing, which are not lookups).
         """
         start, limit, opened = 0, -1 if below is None else below, set()
@@ -726,8 +743,10 @@ class ShardSet:
             member = self.shards[value]
             start = value + 1
             try:
-                shard = self.open_shard(member)
+                shard = self.open_for_resolver(member)
             except (OSError, ShardError) as exc:
+                if getattr(exc, "errno", None) in RESOURCE_ERRORS:
+                    raise
                 self._open_failed(member, exc)
                 continue
             if value not in opened:  # asked again, now open

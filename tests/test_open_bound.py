@@ -122,6 +122,48 @@ def test_set_never_holds_more_than_its_bound_even_for_a_moment(small_shards, tmp
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
+def test_out_of_descriptors_is_an_error_never_an_absent_key(small_shards, tmp_path):
+    """A shard that cannot be opened for want of descriptors (EMFILE) is no
+    reason to answer that a present key is absent: the API raises OSError
+    and the handlers EIO (the kernel caches no negative entry), and both
+    find the key once descriptors are free again."""
+    base, contents = small_shards
+    name = sorted(contents)[0]
+    key, data = next(iter(contents[name].items()))
+    script = tmp_path / "emfile.py"
+    script.write_text(
+        "import errno, os, resource, sys\n"
+        "from shardfs.shardset import ShardSet\n"
+        "from shardfs.fuse.handlers import FUSEError, ShardFS\n"
+        "from shardfs.fuse.layout import ROOT_INODE\n"
+        f"shards = ShardSet(cache_dir={str(tmp_path / 'cache')!r}, max_open=2)\n"
+        "members = [shards.add(p) for p in sys.argv[2:]]\n"  # shards 4 and 5 stay open
+        "shards.open_shards.capacity = 100\n"  # no room to make: the open needs a new descriptor
+        "fs = ShardFS(shards)\n"
+        "key = bytes.fromhex(sys.argv[1])\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "free = os.open('/dev/null', os.O_RDONLY)\n"
+        "os.close(free)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (free, hard))\n"
+        "try:\n"
+        "    shards.find(key)\n"
+        "    print('find: no error')\n"
+        "except OSError as exc:\n"
+        "    print('find:', errno.errorcode[exc.errno])\n"
+        "try:\n"
+        "    print('lookup:', fs.lookup(ROOT_INODE, sys.argv[1].encode()))\n"
+        "except FUSEError as exc:\n"
+        "    print('lookup:', errno.errorcode[exc.errno])\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))\n"
+        "print('found:', shards.find(key)[0].path == sys.argv[2])\n"
+        "print('lookup again:', fs.lookup(ROOT_INODE, sys.argv[1].encode()) is not None)\n")
+    paths = [str(base / n) for n in sorted(contents)[:6]]
+    proc = run([sys.executable, str(script), key.hex(), *paths], check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["find: EMFILE", "lookup: EIO", "found: True", "lookup again: True"], \
+        proc.stdout + proc.stderr
+
+
 def _stats(point: Path) -> dict:
     return json.loads(os.getxattr(point, "user.shardfs.stats"))
 

@@ -65,7 +65,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from shardfs import _shardfs
 from shardfs import sidecar as sidecar_mod
-from shardfs.errors import ShardError
+from shardfs.errors import RESOURCE_ERRORS, ShardError
 from shardfs.fuse.layout import (HASH_DIR_INODES, OBJECT_SHIFT, ROOT_INODE, SLOT_MASK, Layout, object_inode,
                                  split_db_inode, split_object_inode)
 from shardfs.hashes import DIGEST_SIZE, parse_swhid
@@ -370,15 +370,20 @@ class ShardFS:
         """Open shard `number` in this process (within the set's bound on
         open shards), so that the resolver can ask it: 0, or the errno of
         why it cannot be: ESTALE (unknown here, or replaced since it was
-        mounted), EIO (unreadable: logged once)."""
+        mounted), EIO (unreadable: logged once). Raises FUSEError(EIO) when
+        the process is out of descriptors or memory (a lookup must not
+        pass such a shard over: the key would be answered absent)."""
         member = self.shards.get(number)
         if member is None:
             return errno.ESTALE
+        self._resolver_of = (None, -1, None)  # its snapshot would keep the shard closed to make room open
         try:
-            self.shards.open_shard(member)
+            self.shards.open_for_resolver(member)
         except OSError as exc:
             if exc.errno == errno.ESTALE:
                 return errno.ESTALE
+            if exc.errno in RESOURCE_ERRORS:  # logged; no reason to pass the shard over
+                raise FUSEError(errno.EIO) from None
             self.shards._open_failed(member, exc)
             return errno.EIO
         except ShardError as exc:

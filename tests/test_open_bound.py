@@ -164,6 +164,34 @@ def test_out_of_descriptors_is_an_error_never_an_absent_key(small_shards, tmp_pa
         proc.stdout + proc.stderr
 
 
+@needs_fuse
+def test_shards_closed_by_one_handler_are_let_go_at_once(small_shards, mounter, tmp_path):
+    """A lookup that opens many shards in one handler call (no sidecar nor
+    index yet: every shard is a candidate) closes as many to stay within
+    the bound; the snapshot of the requests answered in C must not keep
+    them open until the handler returns, or the process runs out of
+    descriptors and present keys fail."""
+    base, contents = small_shards
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    for name in contents:
+        os.link(base / name, shard_dir / name)
+    point = tmp_path / "m"
+    env = dict(os.environ, SHARDFS_TEST_NO_BUILDS="1", SHARDFS_WORKERS="1")
+    proc = mounter.command(SHARDFS + ["mount", "--shard-dir", str(shard_dir), "--layout", "flat",
+                                      "--cache-dir", str(tmp_path / "cache"), str(point)],
+                           point, preexec_fn=_limit_descriptors, env=env)
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(contents)
+    # The last shard's key: every shard opened in turn, the last BOUND kept
+    # (and published to the requests answered in C).
+    for name in (names[-1], names[SHARDS // 2], names[0], names[-1]):
+        key, data = next(iter(contents[name].items()))
+        assert (point / key.hex()).read_bytes() == data, name
+    for pid in worker_pids(point):
+        assert _open_shard_files(pid, shard_dir) <= BOUND
+
+
 def _stats(point: Path) -> dict:
     return json.loads(os.getxattr(point, "user.shardfs.stats"))
 

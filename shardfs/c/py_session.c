@@ -354,6 +354,17 @@ static PyObject *Session_unmount(Session *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* refresh(): publish a snapshot of the handlers' state as it is now
+ * (ll_fast_refresh), from a handler (the handlers' lock held) or before
+ * serve(): a handler that opened a shard, closing another to make room,
+ * lets the snapshot of the requests answered in C go of the closed one at
+ * once instead of when it returns. */
+static PyObject *Session_refresh(Session *self, PyObject *unused)
+{
+    ll_fast_refresh(self->fast, self->fs);
+    Py_RETURN_NONE;
+}
+
 /* counts() -> the LL_KINDS request counters, in REQUEST_KINDS order. */
 static PyObject *Session_counts(Session *self, PyObject *unused)
 {
@@ -375,6 +386,8 @@ static PyMethodDef Session_methods[] = {
      "invalidate_inode(ino): the kernel drops an inode's attributes and pages."},
     {"unmount", (PyCFunction)Session_unmount, METH_NOARGS, "unmount(): unmount and end the session."},
     {"counts", (PyCFunction)Session_counts, METH_NOARGS, "counts() -> requests served, by kind."},
+    {"refresh", (PyCFunction)Session_refresh, METH_NOARGS,
+     "refresh(): publish the handlers' state to the requests answered in C now (from a handler only)."},
     {NULL, NULL, 0, NULL},
 };
 

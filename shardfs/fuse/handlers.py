@@ -298,6 +298,10 @@ class ShardFS:
         #: Removed shards opened here for reads of files opened before their
         #: removal (counted: a new one makes a new snapshot).
         self._removed_opens = 0
+        #: Publishes the set as it is now to the requests answered in C
+        #: (`shardfs._shardfs.Session.refresh`, set by the mount), which
+        #: otherwise take it after each handler.
+        self.republish: Callable[[], None] = lambda: None
         #: Inode -> hash name of the directories of names by another hash.
         self._hash_dirs: Dict[int, str] = {HASH_DIR_INODES[n]: n for n in shards.hashes.names} \
             if shards.hashes is not None else {}
@@ -307,6 +311,7 @@ class ShardFS:
         self._listings.clear()
         self._fast = (None, None)
         self._resolver_of = (None, -1, None)
+        self.republish = lambda: None
 
     def fast_state(self) -> Any:
         """What the C request path needs to answer LOOKUP, GETATTR and READ
@@ -391,6 +396,7 @@ class ShardFS:
             return errno.EIO
         if member.removed:
             self._removed_opens += 1  # fast_state gives it to the resolver
+        self.republish()  # the requests answered in C let go of the shard closed to make room
         return 0
 
     def _failed(self, value: Tuple[int, str, bool]) -> FUSEError:

@@ -126,6 +126,11 @@ class MountedShard:
         return self.owner.sidecar_of(self)
 
 
+#: An open that failed for want of descriptors or memory is tried again
+#: this many times, this many seconds apart (see `ShardSet.open_for_resolver`).
+RESOURCE_RETRIES = 10
+RESOURCE_WAIT = 0.01
+
 #: Descriptors of a process left to everything but open shards (the FUSE
 #: device, pipes, logs, Python's own), at most: a quarter of the limit.
 FD_RESERVE = 1024
@@ -512,16 +517,25 @@ class ShardSet:
         resolver cached here lets go of its snapshot first (which would
         keep the shard the open closes to make room open meanwhile).
         Raises what `open_shard` raises; an OSError of RESOURCE_ERRORS is
-        logged and raised as it is, whatever the caller does with others."""
+        tried again RESOURCE_RETRIES times, RESOURCE_WAIT seconds apart,
+        then logged and raised, whatever the caller does with others."""
         self._resolver = (None, None)
-        try:
-            return self.open_shard(member)
-        except OSError as exc:
-            if exc.errno in RESOURCE_ERRORS:
+        for attempt in range(RESOURCE_RETRIES + 1):
+            try:
+                return self.open_shard(member)
+            except OSError as exc:
+                if exc.errno not in RESOURCE_ERRORS:
+                    raise
+                if attempt < RESOURCE_RETRIES:
+                    # Shards closed to make room may still be held for a
+                    # moment by requests that took them before (a mount's
+                    # snapshots): they let go within milliseconds.
+                    time.sleep(RESOURCE_WAIT)
+                    continue
                 log.error("shard %s (number %d) cannot be opened now: %s", member.path, member.number,
                           os.strerror(exc.errno))
                 raise OSError(exc.errno, f"{member.path}: {os.strerror(exc.errno)}") from None
-            raise
+        raise AssertionError("unreachable")
 
     def _open_failed(self, member: MountedShard, exc: BaseException) -> None:
         message = f"{exc}"

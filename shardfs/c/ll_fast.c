@@ -151,6 +151,10 @@ static void fast_entry(Session *s, const ll_found_t *found, struct fuse_entry_pa
     e->entry_timeout = e->attr_timeout = s->cache_timeout;
 }
 
+/* Each request below lets its snapshot go before it replies: a thread
+ * preempted in or after the reply's system call must not keep the shards
+ * the handlers closed meanwhile open (test_open_bound.py). */
+
 int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     ll_snapshot_t *snap = fast_begin(s->fast);
@@ -159,15 +163,16 @@ int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *na
     ll_found_t found;
     enum ll_resolution res = ll_resolve_name(snap, parent, name, 0, &found);
     int replied = res == LL_FOUND || res == LL_ABSENT;
+    struct fuse_entry_param e;
     if (replied) {
-        struct fuse_entry_param e;
         if (res == LL_FOUND) /* the READ that follows asks for up to 128 KiB of it: start it now */
             sfs_prefetch(found.shard, found.offset, found.size < LL_PREFETCH_BYTES ? found.size : LL_PREFETCH_BYTES);
         fast_entry(s, res == LL_FOUND ? &found : NULL, &e);
         count_lookup(s->fast, &found);
-        fuse_reply_entry(req, &e);
     }
     ll_snapshot_release(snap);
+    if (replied)
+        fuse_reply_entry(req, &e);
     return replied;
 }
 
@@ -190,21 +195,19 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
     struct stat st;
     uint64_t prefix;
     ll_found_t found;
-    int replied = 1;
+    enum ll_resolution res = LL_FOUND;
     if (sfs_ll_split_dir(&snap->layout, ino, &prefix) >= 0) {
         ll_fill_attr(s, &st, ino, 1, 0, snap->dir_time_ns);
-        fuse_reply_attr(req, &st, s->cache_timeout);
     } else {
-        enum ll_resolution res = ll_resolve_inode(snap, ino, 0, &found);
-        if (res == LL_FOUND) {
+        res = ll_resolve_inode(snap, ino, 0, &found);
+        if (res == LL_FOUND)
             ll_fill_attr(s, &st, ino, 0, found.size, found.mtime_ns);
-            fuse_reply_attr(req, &st, s->cache_timeout);
-        } else {
-            replied = reply_no_object(req, res);
-        }
     }
     ll_snapshot_release(snap);
-    return replied;
+    if (res != LL_FOUND)
+        return reply_no_object(req, res);
+    fuse_reply_attr(req, &st, s->cache_timeout);
+    return 1;
 }
 
 int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t offset)
@@ -213,30 +216,31 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     if (!snap)
         return 0;
     ll_found_t found;
-    int replied = 1;
     enum ll_resolution res = ll_resolve_inode(snap, ino, 1, &found);
-    switch (res) {
-    case LL_FOUND: {
-        size_t n = sfs_ll_read_length(found.size, (uint64_t)offset, want);
-        char *buf = n ? malloc(n) : NULL;
-        int rc = n && !buf ? SFS_ENOMEM : ll_resolve_read(&found, (uint64_t)offset, buf, n);
-        if (rc == SFS_OK)
-            fuse_reply_buf(req, buf, n);
-        else if (rc == SFS_ENOMEM)
-            fuse_reply_err(req, ENOMEM);
-        else if (rc == SFS_EIO && (sfs_kind_flags(found.shard) & SFS_KIND_REMOTE))
-            /* the cluster failed or timed out (rbd.h): asking it again
-             * from the Python handler would double the wait */
-            fuse_reply_err(req, EIO);
-        else
-            replied = 0; /* the handlers log it */
-        free(buf);
-        break;
-    }
-    default:
-        replied = reply_no_object(req, res);
+    size_t n = 0;
+    char *buf = NULL;
+    int rc = SFS_OK, remote = 0;
+    if (res == LL_FOUND) {
+        n = sfs_ll_read_length(found.size, (uint64_t)offset, want);
+        buf = n ? malloc(n) : NULL;
+        rc = n && !buf ? SFS_ENOMEM : ll_resolve_read(&found, (uint64_t)offset, buf, n);
+        remote = (sfs_kind_flags(found.shard) & SFS_KIND_REMOTE) != 0;
     }
     ll_snapshot_release(snap);
+    int replied = 1;
+    if (res != LL_FOUND)
+        replied = reply_no_object(req, res);
+    else if (rc == SFS_OK)
+        fuse_reply_buf(req, buf, n);
+    else if (rc == SFS_ENOMEM)
+        fuse_reply_err(req, ENOMEM);
+    else if (rc == SFS_EIO && remote)
+        /* the cluster failed or timed out (rbd.h): asking it again from
+         * the Python handler would double the wait */
+        fuse_reply_err(req, EIO);
+    else
+        replied = 0; /* the handlers log it */
+    free(buf);
     return replied;
 }
 

@@ -9,22 +9,26 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 APT_PACKAGES := git libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
 	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools erofs-utils time \
-	postgresql libpq-dev libsystemd-dev ceph-mon ceph-osd ceph-common rbd-fuse librbd-dev
+	postgresql libpq-dev libsystemd-dev ceph-mon ceph-osd ceph-common rbd-fuse librbd-dev libzstd-dev zlib1g-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
-	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
+	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto) -lzstd -lz
+# The test oracle of the MOSAIC perfect hash (shardfs/c/ph/: Rust, the ph
+# crate itself) needs cargo >= 1.78, as on the machines CI runs on.
+CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
 	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c shardfs/c/rbd.c \
-	shardfs/c/kind_file.c shardfs/c/kind_rbd.c
+	shardfs/c/kind_file.c shardfs/c/kind_rbd.c shardfs/c/mosaic.c shardfs/c/gof.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h shardfs/c/ll.h \
 	shardfs/c/ll_fast.c shardfs/c/ll_snapshot.c shardfs/c/ll_snapshot.h shardfs/c/ll_resolve.c shardfs/c/ll_resolve.h \
 	shardfs/c/ll_guarded.h shardfs/c/ll_ahead.c shardfs/c/ll_ahead.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
-	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h shardfs/c/kind.h
+	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h shardfs/c/kind.h \
+	shardfs/c/mosaic.h shardfs/c/ph.h
 
-.PHONY: all deps apt venv demo test test-quick test-c test-py bench bench-full clean \
+.PHONY: all deps apt venv demo test test-quick test-c test-ph test-py bench bench-full clean \
 	test-asan test-tsan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
 
 all: venv
@@ -67,8 +71,21 @@ tests/c/test_ll_names: tests/c/test_ll_names.c tests/c/check.h $(C_SOURCES) $(C_
 tests/c/test_hashindex: tests/c/test_hashindex.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_hashindex.c $(C_SOURCES) $(LIBS_C) -lpthread
 
-test-c: apt tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex tests/c/test_chd_build \
-		tests/c/test_ll_names tests/c/test_hashindex
+tests/c/test_mosaic: tests/c/test_mosaic.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_mosaic.c $(C_SOURCES) $(LIBS_C) -lpthread
+
+tests/c/test_ph: tests/c/test_ph.c shardfs/c/gof.c shardfs/c/ph.h
+	gcc $(CFLAGS_C) -Ishardfs/c -o $@ tests/c/test_ph.c shardfs/c/gof.c -lpthread
+
+# The C perfect hash of MOSAIC indexes (gof.c) against the ph crate itself:
+# the oracle (shardfs/c/ph/, cargo) writes functions, keys and ph's answers.
+test-ph: tests/c/test_ph
+	$(CARGO) test -q --release --manifest-path shardfs/c/ph/Cargo.toml
+	./tests/c/test_ph
+
+test-c: apt venv tests/c/test_shard tests/c/test_sidecar tests/c/test_gindex tests/c/test_chd_build \
+		tests/c/test_ll_names tests/c/test_hashindex tests/c/test_mosaic test-ph
+	MOSAIC_PYTHON=$(PY) ./tests/c/test_mosaic
 	./tests/c/test_hashindex
 	./tests/c/test_shard
 	./tests/c/test_sidecar
@@ -128,7 +145,8 @@ SAN_DIR := build/asan
 SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py tests/test_sigbus_guard.py \
 	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py \
-	tests/test_hashes.py tests/test_ceph.py tests/test_workers.py tests/test_slow_device.py tests/test_mount_scale.py
+	tests/test_hashes.py tests/test_ceph.py tests/test_workers.py tests/test_slow_device.py tests/test_mount_scale.py \
+	tests/test_mosaic.py
 # swh's winery setup runs psql, which hangs with the sanitizer runtime preloaded.
 SAN_PY_DESELECT := --deselect tests/test_ceph.py::test_a_winery_mount_reads_its_rbd_pool_through_librbd
 FUZZ_DIR ?= build/fuzz
@@ -147,8 +165,9 @@ $(SAN_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(SAN_FLAGS) -Ishardfs/c \
 	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
 
-test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/test_gindex \
+test-asan: apt venv test-ph $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/test_gindex \
 		$(SAN_DIR)/test_chd_build $(SAN_DIR)/test_ll_names $(SAN_DIR)/test_hashindex \
+		$(SAN_DIR)/test_mosaic $(SAN_DIR)/test_ph \
 		$(foreach h,$(FUZZ_HARNESSES),$(SAN_DIR)/replay_$(h)) $(FUZZ_DIR)/seeds/.stamp
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_shard
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_sidecar
@@ -156,6 +175,8 @@ test-asan: apt venv $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/tes
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_chd_build
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_ll_names
 	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_hashindex
+	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 MOSAIC_PYTHON=$(PY) ./$(SAN_DIR)/test_mosaic
+	$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(SAN_DIR)/test_ph
 	$(foreach h,$(FUZZ_HARNESSES),$(SAN_ENV) ASAN_OPTIONS=detect_leaks=1 \
 	  ./$(SAN_DIR)/replay_$(h) $(wildcard tests/fuzz/regressions/$(h)) $(FUZZ_DIR)/seeds/$(h) &&) true
 	rm -rf $(SAN_DIR)/py $(SAN_DIR)/tmp

@@ -159,9 +159,16 @@ def _progress_bar(**kwargs):
 
 
 def _open_shard(path: str, writable: bool = False):
-    """Open a shard for reading (``Shard`` raises ShardError / OSError)."""
-    from shardfs import Shard
+    """Open a shard for reading: a Read Shard (``Shard``), or a MOSAIC file
+    (``shardfs.mosaic.MosaicFile``, told by its content) unless `writable`
+    (shardfs writes Read Shards only). Raises ShardError / OSError."""
+    from shardfs import Shard, mosaic
 
+    if not path.startswith("rbd:") and os.path.exists(path) and mosaic.is_mosaic(path):
+        if writable:
+            raise Failure(f"{path}: a MOSAIC file: shardfs does not write MOSAIC files "
+                          "(Software Heritage's MosaicUpdater does)")
+        return mosaic.MosaicFile(path)
     return Shard(path, writable=writable)
 
 
@@ -436,7 +443,12 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the header and derived figures, one ``name: value`` per line."""
+    from shardfs.mosaic import MosaicFile
+
     with _open_shard(args.shard) as s:
+        if isinstance(s, MosaicFile):
+            _print_lines(s.summary() + [("live_objects", len(s))])
+            return EXIT_OK
         h = s.header
         live = 0
         object_bytes = 0
@@ -458,11 +470,15 @@ def cmd_info(args: argparse.Namespace) -> int:
             ("hash_size", s.extent - h.hash_position),
             ("object_bytes", object_bytes),
         ]
+    _print_lines(lines)
+    return EXIT_OK
+
+
+def _print_lines(lines) -> None:
     out = sys.stdout
     for name, value in lines:
         out.write(f"{name}: {value}\n")
     out.flush()
-    return EXIT_OK
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -607,6 +623,12 @@ def _hash_locator(s, name: str, cache_dir: Optional[str], path: str) -> Callable
     shard has none."""
     from shardfs import hashes
 
+    from shardfs.mosaic import MosaicFile
+
+    if isinstance(s, MosaicFile):  # the file's own index by that hash
+        if name not in s.indexes:
+            raise Failure(f"{path}: MOSAIC file without a {name} index (it has: {', '.join(s.indexes) or 'none'})")
+        return lambda digest: s.locate(digest, name)
     index = hashes.open_index(s, name, cache_dir)
     if index is None:
         raise Failure(f"{path}: no {name} index: build it with 'shardfs index --hashes {name} {path}'")
@@ -707,10 +729,15 @@ def cmd_delete(args: argparse.Namespace) -> int:
     """Take objects down in place: their bytes are zeroed, slots emptied."""
     import shardfs
 
+    from shardfs import mosaic
+
     keys = parse_keys(args.keys)
     if not args.yes and not sys.stdin.isatty():
         raise UsageError("refusing to delete without --yes when stdin is not a terminal")
     shard = args.shard
+    if os.path.isfile(shard) and mosaic.is_mosaic(shard):
+        raise Failure(f"{shard}: a MOSAIC file: shardfs does not write MOSAIC files "
+                      "(Software Heritage's MosaicUpdater does)")
     if not args.yes:
         with _open_shard(shard) as s:
             sizes = []

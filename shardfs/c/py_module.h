@@ -8,7 +8,8 @@
  * (Reader), py_writer.c (Writer), py_sidecar.c (Sidecar, SidecarSet,
  * build_sidecar), py_hashindex.c (HashIndex, build_hash_indexes,
  * write_hash_index), py_rbd.c (rbd_configure, rbd_list), py_gindex.c (GlobalIndex, key_prefixes,
- * write_global_index, merge_global_index), py_openshards.c (OpenShards).
+ * write_global_index, merge_global_index), py_openshards.c (OpenShards),
+ * py_resolve.c (Resolver), py_mosaic.c (Mosaic).
  * guard.c defines the SIGBUS guard's state (guard.h). Helpers on a hot
  * path (get_key, reader_*, gindex_ready) are static inline here, so that
  * every file can still inline them as when they were one file.
@@ -49,7 +50,7 @@ static inline void table_changed(void)
 }
 
 extern PyTypeObject ReaderType, WriterType, SidecarType, SidecarSetType, GlobalIndexType,
-    OpenShardsType, HashIndexType, ResolverType;
+    OpenShardsType, HashIndexType, ResolverType, MosaicType;
 
 /* ---------------------------------------------------------------- errors (module.c) */
 

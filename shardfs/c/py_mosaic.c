@@ -1,0 +1,355 @@
+/*
+ * py_mosaic.c — the Mosaic type of shardfs._shardfs: an open MOSAIC file
+ * (Software Heritage's format, mosaic.h), read by the C reader.
+ *
+ * Mosaic(path) opens and validates the file (CorruptShardError for a file
+ * that is not a MOSAIC file this reader reads, OSError when it cannot be
+ * opened). Keys are bytes of the index's key size (20 for sha1 and
+ * sha1_git, 32 for sha256 and blake2s256); an index is named by its kind
+ * ("sha1", "sha1_git", "sha256", "blake2s256"). Objects are named by the
+ * byte offset of their element in the file (`lookup`, `entry`), the same
+ * object through every index. The GIL is released while the file is read
+ * (it may wait for the device); every read runs under the SIGBUS guard
+ * (guard.h): a file truncated under its mapping raises OSError(EIO).
+ */
+#include "py_module.h"
+#include "mosaic.h"
+
+typedef struct {
+    PyObject_HEAD
+    sfs_mosaic_t *m;
+} Mosaic;
+
+static int mosaic_ready(Mosaic *self)
+{
+    if (self->m)
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "closed MOSAIC file");
+    return -1;
+}
+
+/* The index number of kind `name`, or -1 with KeyError (no such index in
+ * the file) or ValueError (no such kind). */
+static int index_of(Mosaic *self, const char *name)
+{
+    int kind = sfs_mosaic_kind_of(name);
+    if (kind < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: not a kind of key (sha1, sha1_git, sha256, blake2s256)", name);
+        return -1;
+    }
+    int i = sfs_mosaic_find_index(self->m, kind);
+    if (i < 0) {
+        PyErr_Format(PyExc_KeyError, "%s: no %s index", sfs_mosaic_path(self->m), name);
+        return -1;
+    }
+    return i;
+}
+
+static PyObject *mosaic_error(Mosaic *self, int rc, const sfs_error_t *err)
+{
+    if (rc == SFS_EGONE)
+        return gone(sfs_mosaic_path(self->m));
+    return raise_error(err);
+}
+
+static int Mosaic_init(Mosaic *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *pathobj;
+    if (!PyArg_ParseTuple(args, "O&:Mosaic", PyUnicode_FSConverter, &pathobj))
+        return -1;
+    sfs_error_t err = {0};
+    sfs_mosaic_t *m = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_open(PyBytes_AS_STRING(pathobj), &m, &err));
+    Py_END_ALLOW_THREADS
+    if (rc != SFS_OK) {
+        if (rc == SFS_EGONE)
+            gone(PyBytes_AS_STRING(pathobj));
+        else
+            raise_error(&err);
+        Py_DECREF(pathobj);
+        return -1;
+    }
+    Py_DECREF(pathobj);
+    sfs_mosaic_close(self->m);
+    self->m = m;
+    return 0;
+}
+
+static void Mosaic_dealloc(Mosaic *self)
+{
+    sfs_mosaic_close(self->m);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Mosaic_close(Mosaic *self, PyObject *unused)
+{
+    sfs_mosaic_close(self->m);
+    self->m = NULL;
+    Py_RETURN_NONE;
+}
+
+/* info() -> dict: what the file's metadata and indexes say. */
+static PyObject *Mosaic_info(Mosaic *self, PyObject *unused)
+{
+    if (mosaic_ready(self) < 0)
+        return NULL;
+    const sfs_mosaic_info_t *i = sfs_mosaic_info(self->m);
+    static const char *const compressions[] = {"none", "zstd", "zstd.dict"};
+    PyObject *comments = PyList_New(0), *indexes = PyList_New(0);
+    for (size_t c = 0; comments && c < i->comments; c++) {
+        size_t len;
+        const char *text = sfs_mosaic_comment(self->m, c, &len);
+        PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+        if (!s || PyList_Append(comments, s) < 0)
+            Py_CLEAR(comments);
+        Py_XDECREF(s);
+    }
+    for (size_t x = 0; indexes && x < i->indexes; x++) {
+        const sfs_mosaic_index_info_t *ix = sfs_mosaic_index(self->m, x);
+        PyObject *d = Py_BuildValue("{s:s,s:n,s:K,s:K,s:K,s:K}", "name", ix->name, "key_size", (Py_ssize_t)ix->key_size,
+                                    "slots", (unsigned long long)ix->slots, "entry_size",
+                                    (unsigned long long)ix->entry_size, "position", (unsigned long long)ix->position,
+                                    "map_size", (unsigned long long)ix->map_size);
+        if (!d || PyList_Append(indexes, d) < 0)
+            Py_CLEAR(indexes);
+        Py_XDECREF(d);
+    }
+    if (!comments || !indexes) {
+        Py_XDECREF(comments);
+        Py_XDECREF(indexes);
+        return NULL;
+    }
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:s,s:K,s:K,s:K,s:N,s:N,s:n}", "file_size",
+                         (unsigned long long)i->file_size, "objects_counter", (unsigned long long)i->objects_counter,
+                         "objects_total_size", (unsigned long long)i->objects_total_size, "tiles_position",
+                         (unsigned long long)i->tiles_position, "end_of_tiles", (unsigned long long)i->end_of_tiles,
+                         "compression", compressions[i->compression], "dictionary_size",
+                         (unsigned long long)i->dictionary_size, "doctype_version",
+                         (unsigned long long)i->doctype_version, "doctype_read_version",
+                         (unsigned long long)i->doctype_read_version, "comments", comments, "indexes", indexes,
+                         "skipped_indexes", (Py_ssize_t)i->skipped_indexes);
+}
+
+/* lookup(kind, key) -> the object's position (int), or None when absent
+ * or deleted. */
+static PyObject *Mosaic_lookup(Mosaic *self, PyObject *args)
+{
+    const char *name;
+    Py_buffer key;
+    if (mosaic_ready(self) < 0 || !PyArg_ParseTuple(args, "sy*:lookup", &name, &key))
+        return NULL;
+    int x = index_of(self, name);
+    if (x < 0) {
+        PyBuffer_Release(&key);
+        return NULL;
+    }
+    sfs_error_t err = {0};
+    uint64_t object = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    SFS_GUARDED(rc = SFS_EGONE,
+                rc = sfs_mosaic_lookup(self->m, (size_t)x, key.buf, (size_t)key.len, NULL, &object, &err));
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&key);
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc == SFS_EINVAL) {
+        PyErr_Format(PyExc_ValueError, "a %s key is %zu bytes", name, sfs_mosaic_index(self->m, (size_t)x)->key_size);
+        return NULL;
+    }
+    if (rc != SFS_OK)
+        return mosaic_error(self, rc, &err);
+    return PyLong_FromUnsignedLongLong(object);
+}
+
+/* entry(kind, slot) -> (key, object position), or None for a deleted
+ * entry. */
+static PyObject *Mosaic_entry(Mosaic *self, PyObject *args)
+{
+    const char *name;
+    unsigned long long slot;
+    if (mosaic_ready(self) < 0 || !PyArg_ParseTuple(args, "sK:entry", &name, &slot))
+        return NULL;
+    int x = index_of(self, name);
+    if (x < 0)
+        return NULL;
+    uint8_t key[SFS_MOSAIC_MAX_KEY_SIZE];
+    uint64_t object = 0;
+    sfs_error_t err = {0};
+    int rc;
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_slot(self->m, (size_t)x, slot, key, &object, &err));
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc == SFS_EINVAL) {
+        PyErr_SetString(PyExc_IndexError, "entry: slot out of range");
+        return NULL;
+    }
+    if (rc != SFS_OK)
+        return mosaic_error(self, rc, &err);
+    return Py_BuildValue("(y#K)", (const char *)key, (Py_ssize_t)sfs_mosaic_index(self->m, (size_t)x)->key_size,
+                         (unsigned long long)object);
+}
+
+/* The decoded size of the object at `object` (GIL released, guarded). */
+static int decoded_size(Mosaic *self, uint64_t object, uint64_t *size, sfs_error_t *err)
+{
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_object_size(self->m, NULL, object, size, NULL, err));
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
+/* size(object) -> the decoded size of the object at `object`, bytes
+ * (zstd: from its frame header), or None for a deleted object. */
+static PyObject *Mosaic_size(Mosaic *self, PyObject *arg)
+{
+    if (mosaic_ready(self) < 0)
+        return NULL;
+    unsigned long long object = PyLong_AsUnsignedLongLong(arg);
+    if (object == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    uint64_t size = 0;
+    sfs_error_t err = {0};
+    int rc = decoded_size(self, object, &size, &err);
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc != SFS_OK)
+        return mosaic_error(self, rc, &err);
+    return PyLong_FromUnsignedLongLong(size);
+}
+
+/* read(object, offset=0, length=-1) -> bytes [offset, offset + length) of
+ * the decoded object (length < 0: to its end), or None when deleted. */
+static PyObject *Mosaic_read(Mosaic *self, PyObject *args)
+{
+    unsigned long long object, offset = 0;
+    long long length = -1;
+    if (mosaic_ready(self) < 0 || !PyArg_ParseTuple(args, "K|KL:read", &object, &offset, &length))
+        return NULL;
+    uint64_t size = 0;
+    sfs_error_t err = {0};
+    int rc = decoded_size(self, object, &size, &err);
+    if (rc == SFS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc != SFS_OK)
+        return mosaic_error(self, rc, &err);
+    const uint64_t avail = offset >= size ? 0 : size - offset;
+    const volatile uint64_t want = length >= 0 && (uint64_t)length < avail ? (uint64_t)length : avail;
+    if (want > (uint64_t)PY_SSIZE_T_MAX)
+        return PyErr_NoMemory();
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)want);
+    if (!out)
+        return NULL;
+    size_t got = 0;
+    char *buf = PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_read(self->m, NULL, object, offset, buf, (size_t)want, &got, &err));
+    Py_END_ALLOW_THREADS
+    if (rc == SFS_OK && got != want) {
+        rc = SFS_ECORRUPT;
+        snprintf(err.message, sizeof(err.message), "%s: object at byte %llu is shorter than its frame header says",
+                 sfs_mosaic_path(self->m), object);
+        err.status = SFS_ECORRUPT;
+    }
+    if (rc != SFS_OK) {
+        Py_DECREF(out);
+        if (rc == SFS_ENOTFOUND)
+            Py_RETURN_NONE;
+        return mosaic_error(self, rc, &err);
+    }
+    return out;
+}
+
+static void report_problem(void *ctx, uint64_t position, uint32_t id, const char *message)
+{
+    PyObject *list = ctx;
+    PyObject *item = Py_BuildValue("(Ks)", (unsigned long long)position, message);
+    if (!item || PyList_Append(list, item) < 0)
+        PyErr_Clear(); /* a report lost: the status still says corrupt */
+    Py_XDECREF(item);
+}
+
+/* check() -> (problems, stats): every CRC-32, the tiles' structure, every
+ * entry of every index (sfs_mosaic_check). problems: [(byte position,
+ * message)], empty when the file is sound; stats: a dict of counts. */
+static PyObject *Mosaic_check(Mosaic *self, PyObject *unused)
+{
+    if (mosaic_ready(self) < 0)
+        return NULL;
+    PyObject *problems = PyList_New(0);
+    if (!problems)
+        return NULL;
+    sfs_mosaic_check_stats_t st = {0};
+    sfs_error_t err = {0};
+    int rc;
+    /* the GIL is kept: the report appends to a Python list */
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_check(self->m, report_problem, problems, &st, &err));
+    if (rc == SFS_EGONE) {
+        Py_DECREF(problems);
+        return gone(sfs_mosaic_path(self->m));
+    }
+    if (rc != SFS_OK && rc != SFS_ECORRUPT) {
+        Py_DECREF(problems);
+        return raise_error(&err);
+    }
+    return Py_BuildValue("(N{s:K,s:K,s:K,s:K,s:K,s:K})", problems, "tiles", (unsigned long long)st.tiles, "objects",
+                         (unsigned long long)st.objects, "voids", (unsigned long long)st.voids, "crcs",
+                         (unsigned long long)st.crcs, "live_entries", (unsigned long long)st.live_entries,
+                         "voided_entries", (unsigned long long)st.voided_entries);
+}
+
+static PyObject *Mosaic_enter(Mosaic *self, PyObject *unused)
+{
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *Mosaic_exit(Mosaic *self, PyObject *args)
+{
+    return Mosaic_close(self, NULL);
+}
+
+static PyObject *Mosaic_get_path(Mosaic *self, void *closure)
+{
+    if (mosaic_ready(self) < 0)
+        return NULL;
+    return PyUnicode_DecodeFSDefault(sfs_mosaic_path(self->m));
+}
+
+static PyMethodDef Mosaic_methods[] = {
+    {"info", (PyCFunction)Mosaic_info, METH_NOARGS, "info() -> dict: the file's metadata and indexes"},
+    {"lookup", (PyCFunction)Mosaic_lookup, METH_VARARGS,
+     "lookup(kind, key) -> the object's position (byte offset of its element), or None when absent or deleted"},
+    {"entry", (PyCFunction)Mosaic_entry, METH_VARARGS,
+     "entry(kind, slot) -> (key, object position) of entry `slot` of the index, or None when deleted"},
+    {"size", (PyCFunction)Mosaic_size, METH_O, "size(object) -> its decoded size in bytes, or None when deleted"},
+    {"read", (PyCFunction)Mosaic_read, METH_VARARGS,
+     "read(object, offset=0, length=-1) -> bytes of the decoded object, or None when deleted"},
+    {"check", (PyCFunction)Mosaic_check, METH_NOARGS,
+     "check() -> (problems, stats): every CRC-32, the tiles and every index entry verified"},
+    {"close", (PyCFunction)Mosaic_close, METH_NOARGS, "close(): unmap the file"},
+    {"__enter__", (PyCFunction)Mosaic_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Mosaic_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Mosaic_getset[] = {
+    {"path", (getter)Mosaic_get_path, NULL, "the file's path", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject MosaicType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shardfs._shardfs.Mosaic",
+    .tp_basicsize = sizeof(Mosaic),
+    .tp_dealloc = (destructor)Mosaic_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Mosaic(path): an open MOSAIC file (Software Heritage's format), read by shardfs's C reader",
+    .tp_methods = Mosaic_methods,
+    .tp_getset = Mosaic_getset,
+    .tp_init = (initproc)Mosaic_init,
+    .tp_new = PyType_GenericNew,
+};

@@ -1,0 +1,168 @@
+"""MOSAIC files (Software Heritage's format) read by shardfs's C reader:
+the Python API (`shardfs.mosaic.MosaicFile`) and ``shardfs info/ls/get/
+check`` against files written by SWH's own writer (swh.mosaic's
+MosaicCreator and MosaicUpdater, through tests/mosaic_fixtures.py) and
+manifests made by SWH's own reader (MosaicReader): raw, zstd and
+zstd-with-dictionary files, deleted objects, absent keys, damaged files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mounting import SHARDFS, run
+
+from shardfs.errors import CorruptShardError
+from shardfs.mosaic import MosaicFile, is_mosaic
+
+FIXTURES = Path(__file__).with_name("mosaic_fixtures.py")
+FILES = ["raw", "zstd", "zstd_dict", "deleted", "deleted_zstd", "empty", "small", "small_zstd"]
+
+
+@pytest.fixture(scope="module")
+def mosaics(tmp_path_factory):
+    """The fixture files, written by swh.mosaic: {name: (path, manifest)}.
+    A manifest: {"indexes": [...], "objects": [(keys by index, length,
+    sha256 hex)], "deleted": [keys by index], "absent": [(index, key)],
+    "live": {index: count}, "compression": str}."""
+    out = tmp_path_factory.mktemp("mosaic")
+    subprocess.run([sys.executable, str(FIXTURES), str(out), "--objects", "300"], check=True,
+                   capture_output=True, timeout=600)
+    found = {}
+    for name in FILES:
+        m = {"objects": [], "deleted": [], "absent": [], "live": {}}
+        for line in (out / f"{name}.mosaic.manifest").read_text().splitlines():
+            tag, *fields = line.split()
+            if tag == "indexes":
+                m["indexes"] = fields
+            elif tag == "compression":
+                m["compression"] = fields[0]
+            elif tag == "live":
+                m["live"][fields[0]] = int(fields[1])
+            elif tag == "O":
+                n = len(m["indexes"])
+                m["objects"].append(([bytes.fromhex(k) for k in fields[:n]], int(fields[n]), fields[n + 1]))
+            elif tag == "D":
+                m["deleted"].append([bytes.fromhex(k) for k in fields])
+            elif tag == "A":
+                m["absent"].append((fields[0], bytes.fromhex(fields[1])))
+        found[name] = (out / f"{name}.mosaic", m)
+    return found
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_object_by_every_index_as_swh_reads_it(mosaics, name):
+    """Every live object, looked up by each of its keys, reads as
+    MosaicReader.lookup gave it (length and SHA-256), whole and in pieces;
+    deleted and absent keys are not found; the sha256 index lists exactly
+    the live keys."""
+    path, m = mosaics[name]
+    assert is_mosaic(str(path))
+    with MosaicFile(str(path)) as f:
+        assert f.indexes == m["indexes"]
+        assert f.info["compression"] == m["compression"]
+        for keys, length, digest in m["objects"]:
+            for kind, key in zip(m["indexes"], keys):
+                where = f.locate(key, kind)
+                assert where is not None and where[1] == length, (kind, key.hex())
+                data = f.pread(where[0], length, 0, length)
+                assert len(data) == length and hashlib.sha256(data).hexdigest() == digest
+            if length > 10:  # a piece from the middle
+                assert f.pread(where[0], length, 7, 3) == data[7:10]
+            assert f.pread(where[0], length, length, 10) == b""
+        for keys in m["deleted"]:
+            for kind, key in zip(m["indexes"], keys):
+                assert f.locate(key, kind) is None
+        for kind, key in m["absent"]:
+            if kind in f.indexes and len(key) in (20, 32):
+                try:
+                    assert f.locate(key, kind) is None
+                except ValueError:  # a key of another kind's length
+                    pass
+        for kind, count in m["live"].items():
+            assert sum(1 for _ in f.entries(kind)) == count
+        if "sha256" in f.indexes:
+            live = {keys[m["indexes"].index("sha256")] for keys, _, _ in m["objects"]}
+            assert set(f.keys()) == live
+
+
+def test_cli_info_ls_get_check(mosaics, tmp_path):
+    """The shardfs verbs take a MOSAIC file as they take a shard: info
+    names its format and indexes, ls -l lists live keys and sizes, get
+    writes objects by SHA-256 and (from the file's own indexes) by sha1,
+    sha1_git and SWHID, check --hash verifies every key of every object."""
+    path, m = mosaics["zstd"]
+    info = run(SHARDFS + ["info", path], check=True).stdout
+    assert "format: mosaic" in info and "compression: zstd" in info and "index.sha1_git:" in info
+    ls = run(SHARDFS + ["ls", "-l", path], check=True).stdout.split("\n")
+    at = m["indexes"].index("sha256")
+    assert sorted(filter(None, ls)) == sorted(f"{keys[at].hex()} {length}" for keys, length, _ in m["objects"])
+    keys, length, digest = next(o for o in m["objects"] if o[1] > 1000)
+    for args in (["get", path, keys[at].hex()],
+                 ["get", "--hash", "sha1", path, keys[m["indexes"].index("sha1")].hex()],
+                 ["get", "--hash", "sha1_git", path, "swh:1:cnt:" + keys[m["indexes"].index("sha1_git")].hex()]):
+        proc = subprocess.run(SHARDFS + args, capture_output=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert hashlib.sha256(proc.stdout).hexdigest() == digest
+    proc = run(SHARDFS + ["get", "-o", tmp_path / "out", path, keys[at].hex(), "00" * 32])
+    assert proc.returncode == 1 and "not found" in proc.stderr
+    assert hashlib.sha256((tmp_path / "out" / keys[at].hex()).read_bytes()).hexdigest() == digest
+    proc = run(SHARDFS + ["get", "--hash", "blake2s256", path, "00" * 20])
+    assert proc.returncode == 2  # not a hash shardfs names objects by
+    for name in ("raw", "zstd", "zstd_dict", "small", "small_zstd", "empty"):
+        proc = run(SHARDFS + ["check", "--hash", mosaics[name][0]])
+        assert proc.returncode == 0 and "OK" in proc.stdout, (name, proc.stdout, proc.stderr)
+
+
+def test_damaged_files_get_one_line_errors(mosaics, tmp_path):
+    """A truncated file, or one whose metadata, an object or an index is
+    damaged, is refused or reported in one line naming what is wrong, with
+    a non-zero exit and no traceback; never served wrong bytes."""
+    path, m = mosaics["small"]
+    data = path.read_bytes()
+    bad = tmp_path / "bad.mosaic"
+    for cut in (3, 40, 200, len(data) // 2, len(data) - 30):
+        bad.write_bytes(data[:cut])
+        proc = run(SHARDFS + ["info", bad])
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, cut
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        with pytest.raises((CorruptShardError, OSError)):
+            MosaicFile(str(bad))
+    # One byte of an object flipped (raw: stored as it is): check names the
+    # Tile whose CRC-32 no longer matches; the object read gives other
+    # bytes than the manifest's, so check --hash names its key too.
+    with MosaicFile(str(path)) as f:
+        keys, length, digest = next(o for o in m["objects"] if o[1] > 100)
+        obj, _ = f.locate(keys[m["indexes"].index("sha256")], "sha256")
+    flipped = bytearray(data)
+    flipped[obj + 50] ^= 0xFF
+    bad.write_bytes(bytes(flipped))
+    proc = run(SHARDFS + ["check", "--hash", bad])
+    assert proc.returncode == 1 and "CRC-32 of Tile" in proc.stdout and "has another sha256" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    # The metadata damaged: refused at open.
+    flipped = bytearray(data)
+    meta = data.index(bytes.fromhex("1D535748"))
+    flipped[meta + 20] ^= 0x01
+    bad.write_bytes(bytes(flipped))
+    proc = run(SHARDFS + ["ls", bad])
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and "CRC" in proc.stderr
+
+
+def test_shardfs_does_not_write_mosaic_files(mosaics, tmp_path):
+    """delete refuses a MOSAIC file in one line, the file untouched."""
+    path, m = mosaics["small"]
+    copy = tmp_path / "copy.mosaic"
+    shutil.copy(path, copy)
+    before = copy.read_bytes()
+    key = m["objects"][0][0][m["indexes"].index("sha256")]
+    proc = run(SHARDFS + ["delete", "--yes", copy, key.hex()])
+    assert proc.returncode != 0 and "MOSAIC" in proc.stderr and "Traceback" not in proc.stderr
+    assert copy.read_bytes() == before
+    assert os.path.getsize(copy) == len(before)

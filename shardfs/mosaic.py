@@ -105,9 +105,18 @@ class MosaicFile:
         return b"" if data is None else data
 
     def get(self, key: bytes, kind: str = "sha256") -> Optional[bytes]:
-        """The object's bytes, or None."""
-        where = self.locate(key, kind)
-        return None if where is None else self._m.read(where[0])
+        """The bytes of the object whose `kind` key is `key`, or None when
+        absent or deleted (one call into C: lookup, size, read). Raises
+        ShardError without a `kind` index, ValueError for a key of another
+        length, CorruptShardError for a damaged entry or object."""
+        self._need(kind)
+        return self._m.get(kind, key)
+
+    def get_batch(self, keys, kind: str = "sha256") -> List[Optional[bytes]]:
+        """`get` of each of `keys` (an iterable of bytes), in order, in one
+        call into C (one zstd context for them all)."""
+        self._need(kind)
+        return self._m.get_batch(kind, keys)
 
     def entries(self, kind: Optional[str] = None) -> Iterator[Tuple[bytes, int]]:
         """(key, object) of every live entry of the `kind` index (default:

@@ -76,9 +76,21 @@ def test_every_object_by_every_index_as_swh_reads_it(mosaics, name):
             if length > 10:  # a piece from the middle
                 assert f.pread(where[0], length, 7, 3) == data[7:10]
             assert f.pread(where[0], length, length, 10) == b""
+        for kind in m["indexes"]:  # get and get_batch: one call each into C
+            at = m["indexes"].index(kind)
+            wanted = [keys[at] for keys, _, _ in m["objects"]] + [keys[at] for keys in m["deleted"]]
+            got = f.get_batch(wanted, kind)
+            assert len(got) == len(wanted)
+            for (keys, length, digest), data in zip(m["objects"], got):
+                assert len(data) == length and hashlib.sha256(data).hexdigest() == digest
+            assert got[len(m["objects"]):] == [None] * len(m["deleted"])
+            if m["objects"]:
+                keys, length, digest = m["objects"][-1]
+                assert hashlib.sha256(f.get(keys[at], kind)).hexdigest() == digest
         for keys in m["deleted"]:
             for kind, key in zip(m["indexes"], keys):
                 assert f.locate(key, kind) is None
+                assert f.get(key, kind) is None
         for kind, key in m["absent"]:
             if kind in f.indexes and len(key) in (20, 32):
                 try:

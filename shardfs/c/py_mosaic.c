@@ -164,6 +164,136 @@ static PyObject *Mosaic_lookup(Mosaic *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(object);
 }
 
+/* One object's bytes into a new bytes object (*out, NULL when absent or
+ * deleted), the GIL released while the file is read: lookup, decoded
+ * size, read. Returns SFS_OK or an error status (err filled); called
+ * with the GIL held. */
+static int get_one(Mosaic *self, size_t x, const uint8_t *key, size_t len, sfs_mosaic_ctx_t *ctx, PyObject **out,
+                   sfs_error_t *err)
+{
+    uint64_t object = 0, size = 0;
+    int rc;
+    *out = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_lookup(self->m, x, key, len, NULL, &object, err);
+                if (rc == SFS_OK) rc = sfs_mosaic_object_size(self->m, ctx, object, &size, NULL, err));
+    Py_END_ALLOW_THREADS
+    if (rc == SFS_ENOTFOUND)
+        return SFS_OK;
+    if (rc != SFS_OK)
+        return rc;
+    if (size > (uint64_t)PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        return SFS_ENOMEM;
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (!bytes)
+        return SFS_ENOMEM;
+    char *buf = PyBytes_AS_STRING(bytes);
+    size_t got = 0;
+    Py_BEGIN_ALLOW_THREADS
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_read(self->m, ctx, object, 0, buf, (size_t)size, &got, err));
+    Py_END_ALLOW_THREADS
+    if (rc == SFS_OK && got != size) {
+        rc = err->status = SFS_ECORRUPT;
+        snprintf(err->message, sizeof(err->message), "%s: object at byte %llu is shorter than its frame header says",
+                 sfs_mosaic_path(self->m), (unsigned long long)object);
+    }
+    if (rc != SFS_OK) {
+        Py_DECREF(bytes);
+        return rc == SFS_ENOTFOUND ? SFS_OK : rc; /* deleted meanwhile */
+    }
+    *out = bytes;
+    return SFS_OK;
+}
+
+/* A key of index x from a bytes-like object: its buffer (released by the
+ * caller), or -1 with ValueError for a wrong length. */
+static int get_key_of(Mosaic *self, size_t x, PyObject *obj, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    size_t want = sfs_mosaic_index(self->m, x)->key_size;
+    if ((size_t)view->len != want) {
+        PyErr_Format(PyExc_ValueError, "a %s key is %zu bytes, got %zd", sfs_mosaic_index(self->m, x)->name, want,
+                     view->len);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* get(kind, key) -> the object's bytes, or None when absent or deleted. */
+static PyObject *Mosaic_get(Mosaic *self, PyObject *args)
+{
+    const char *name;
+    PyObject *keyobj;
+    if (mosaic_ready(self) < 0 || !PyArg_ParseTuple(args, "sO:get", &name, &keyobj))
+        return NULL;
+    int x = index_of(self, name);
+    Py_buffer key;
+    if (x < 0 || get_key_of(self, (size_t)x, keyobj, &key) < 0)
+        return NULL;
+    sfs_error_t err = {0};
+    PyObject *out;
+    int rc = get_one(self, (size_t)x, key.buf, (size_t)key.len, NULL, &out, &err);
+    PyBuffer_Release(&key);
+    if (rc == SFS_ENOMEM && PyErr_Occurred())
+        return NULL;
+    if (rc != SFS_OK)
+        return mosaic_error(self, rc, &err);
+    if (!out)
+        Py_RETURN_NONE;
+    return out;
+}
+
+/* get_batch(kind, keys) -> [bytes or None], in the order of `keys` (an
+ * iterable of keys): get() of each, one zstd context for them all. */
+static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
+{
+    const char *name;
+    PyObject *keys;
+    if (mosaic_ready(self) < 0 || !PyArg_ParseTuple(args, "sO:get_batch", &name, &keys))
+        return NULL;
+    int x = index_of(self, name);
+    if (x < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(keys, "get_batch: keys must be iterable");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = PyList_New(n);
+    sfs_mosaic_ctx_t *ctx = sfs_mosaic_info(self->m)->compression != SFS_MOSAIC_NONE ? sfs_mosaic_ctx_new() : NULL;
+    if (sfs_mosaic_info(self->m)->compression != SFS_MOSAIC_NONE && !ctx)
+        PyErr_NoMemory();
+    for (Py_ssize_t i = 0; result && !PyErr_Occurred() && i < n; i++) {
+        Py_buffer key;
+        if (get_key_of(self, (size_t)x, PySequence_Fast_GET_ITEM(seq, i), &key) < 0)
+            break;
+        sfs_error_t err = {0};
+        PyObject *out;
+        int rc = get_one(self, (size_t)x, key.buf, (size_t)key.len, ctx, &out, &err);
+        PyBuffer_Release(&key);
+        if (rc != SFS_OK) {
+            if (!PyErr_Occurred())
+                mosaic_error(self, rc, &err);
+            break;
+        }
+        if (!out) {
+            Py_INCREF(Py_None);
+            out = Py_None;
+        }
+        PyList_SET_ITEM(result, i, out);
+    }
+    sfs_mosaic_ctx_free(ctx);
+    Py_DECREF(seq);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
 /* entry(kind, slot) -> (key, object position), or None for a deleted
  * entry. */
 static PyObject *Mosaic_entry(Mosaic *self, PyObject *args)
@@ -323,6 +453,10 @@ static PyMethodDef Mosaic_methods[] = {
     {"info", (PyCFunction)Mosaic_info, METH_NOARGS, "info() -> dict: the file's metadata and indexes"},
     {"lookup", (PyCFunction)Mosaic_lookup, METH_VARARGS,
      "lookup(kind, key) -> the object's position (byte offset of its element), or None when absent or deleted"},
+    {"get", (PyCFunction)Mosaic_get, METH_VARARGS,
+     "get(kind, key) -> the object's bytes, or None when absent or deleted"},
+    {"get_batch", (PyCFunction)Mosaic_get_batch, METH_VARARGS,
+     "get_batch(kind, keys) -> [bytes or None], in the order of keys"},
     {"entry", (PyCFunction)Mosaic_entry, METH_VARARGS,
      "entry(kind, slot) -> (key, object position) of entry `slot` of the index, or None when deleted"},
     {"size", (PyCFunction)Mosaic_size, METH_O, "size(object) -> its decoded size in bytes, or None when deleted"},

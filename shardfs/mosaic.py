@@ -107,9 +107,8 @@ class MosaicFile:
     def get(self, key: bytes, kind: str = "sha256") -> Optional[bytes]:
         """The bytes of the object whose `kind` key is `key`, or None when
         absent or deleted (one call into C: lookup, size, read). Raises
-        ShardError without a `kind` index, ValueError for a key of another
+        KeyError without a `kind` index, ValueError for a key of another
         length, CorruptShardError for a damaged entry or object."""
-        self._need(kind)
         return self._m.get(kind, key)
 
     def get_batch(self, keys, kind: str = "sha256") -> List[Optional[bytes]]:

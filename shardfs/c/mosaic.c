@@ -781,6 +781,66 @@ int sfs_mosaic_object(const sfs_mosaic_t *m, uint64_t object, uint64_t *data,
     return SFS_OK;
 }
 
+/* madvise(MADV_WILLNEED) of [pos, pos + len) of the mapping, clipped to it. */
+static void will_need(const sfs_mosaic_t *m, uint64_t pos, uint64_t len)
+{
+    if (pos >= m->map_size)
+        return;
+    if (len > m->map_size - pos)
+        len = m->map_size - pos;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)(m->map + pos) & ~(page - 1);
+    madvise((void *)start, (uintptr_t)(m->map + pos + len) - start, MADV_WILLNEED);
+}
+
+void sfs_mosaic_prefetch_entry(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len)
+{
+    if (index >= m->info.indexes)
+        return;
+    const mosaic_index_t *x = &m->index[index];
+    if (key_len != x->info.key_size || x->info.slots == 0)
+        return;
+    int64_t v = sfs_gof_get(x->gof, key, key_len);
+    if (v >= 0 && (uint64_t)v < x->info.slots)
+        will_need(m, x->info.unrolled_position + (uint64_t)v * x->info.entry_size, x->info.entry_size);
+}
+
+/* 1 when the page holding byte `pos` of the mapping is cached (or cannot
+ * be told), else 0. */
+static int page_cached(const sfs_mosaic_t *m, uint64_t pos)
+{
+    if (pos >= m->map_size)
+        return 1;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t at = (uintptr_t)(m->map + pos) & ~(page - 1);
+    unsigned char in = 0;
+    return mincore((void *)at, page, &in) != 0 || (in & 1);
+}
+
+int sfs_mosaic_object_cached(const sfs_mosaic_t *m, uint64_t object)
+{
+    return page_cached(m, object);
+}
+
+int sfs_mosaic_entry_cached(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len)
+{
+    if (index >= m->info.indexes)
+        return 1;
+    const mosaic_index_t *x = &m->index[index];
+    if (key_len != x->info.key_size || x->info.slots == 0)
+        return 1;
+    int64_t v = sfs_gof_get(x->gof, key, key_len);
+    if (v < 0 || (uint64_t)v >= x->info.slots)
+        return 1;
+    return page_cached(m, x->info.unrolled_position + (uint64_t)v * x->info.entry_size);
+}
+
+void sfs_mosaic_prefetch_object(const sfs_mosaic_t *m, uint64_t object, uint64_t bytes)
+{
+    if (object >= m->info.tiles_position && object < m->info.end_of_tiles)
+        will_need(m, object, bytes < m->info.end_of_tiles - object ? bytes : m->info.end_of_tiles - object);
+}
+
 const uint8_t *sfs_mosaic_stored(const sfs_mosaic_t *m, uint64_t object, uint64_t *stored_size,
                                  int *status)
 {

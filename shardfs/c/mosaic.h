@@ -248,6 +248,24 @@ int sfs_mosaic_object(const sfs_mosaic_t *m, uint64_t object, uint64_t *data,
 const uint8_t *sfs_mosaic_stored(const sfs_mosaic_t *m, uint64_t object, uint64_t *stored_size,
                                  int *status);
 
+/* Ask the kernel to start reading what a lookup of `key` in index `index`
+ * will read (its entry: the perfect hash is evaluated, nothing of the file
+ * is touched), or the first `bytes` bytes from the object element at
+ * `object` (from a lookup): madvise(MADV_WILLNEED), which returns at once.
+ * A batch of lookups then waits for one round of parallel reads instead
+ * of one read per key (shardfs._shardfs.Mosaic.get_batch). Arguments out
+ * of range are ignored. */
+void sfs_mosaic_prefetch_entry(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len);
+void sfs_mosaic_prefetch_object(const sfs_mosaic_t *m, uint64_t object, uint64_t bytes);
+
+/* 1 when the page of the entry a lookup of `key` would read is in the
+ * page cache (mincore(2); also when that cannot be told), else 0: a batch
+ * whose first entries are cached skips the prefetch (its two system calls
+ * per key cost more than they save on cached pages). */
+int sfs_mosaic_entry_cached(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len);
+/* The same for the first page of the object element at `object`. */
+int sfs_mosaic_object_cached(const sfs_mosaic_t *m, uint64_t object);
+
 /* A zstd decoding context for the calls below: a ZSTD_DCtx (~94 KiB, plus
  * a window buffer as large as the largest frame window it decoded: about
  * the largest object's size, ~290 KiB in all after a 100 KiB object) and a

@@ -51,7 +51,6 @@ and answered with EIO.
 
 from __future__ import annotations
 
-import array
 import collections
 import dataclasses
 import errno

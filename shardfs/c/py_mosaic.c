@@ -330,21 +330,23 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; !entries_cached && i < n; i++)
             sfs_mosaic_prefetch_entry(self->m, (size_t)x, views[i].buf, (size_t)views[i].len);
-        uint64_t *objects = malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
-        volatile Py_ssize_t found = 0;
-        for (volatile Py_ssize_t i = 0; objects && i < n; i++) {
+        /* the first keys' objects tell; the rest are looked up here only
+         * when they must be asked for (a warm batch looks each key up once,
+         * when it is read) */
+        for (volatile Py_ssize_t i = 0; i < n; i++) {
+            uint64_t object;
             int rc;
+            if (i >= SAMPLE && objects_cached)
+                break;
             SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_lookup(self->m, (size_t)x, views[i].buf,
-                                                                (size_t)views[i].len, NULL, &objects[found], NULL));
-            if (rc == SFS_OK) {
-                if (found < SAMPLE)
-                    objects_cached &= sfs_mosaic_object_cached(self->m, objects[found]);
-                found++;
-            }
+                                                                (size_t)views[i].len, NULL, &object, NULL));
+            if (rc != SFS_OK)
+                continue;
+            if (i < SAMPLE)
+                objects_cached &= sfs_mosaic_object_cached(self->m, object);
+            if (!objects_cached) /* a cached object needs no prefetch */
+                sfs_mosaic_prefetch_object(self->m, object, PREFETCH_OBJECT_BYTES);
         }
-        for (Py_ssize_t i = 0; !objects_cached && i < found; i++)
-            sfs_mosaic_prefetch_object(self->m, objects[i], PREFETCH_OBJECT_BYTES);
-        free(objects);
         Py_END_ALLOW_THREADS
     }
     for (Py_ssize_t i = 0; i < held; i++)

@@ -171,17 +171,9 @@ def test_shards_closed_by_one_handler_are_let_go_at_once(small_shards, mounter, 
     the bound; the snapshot of the requests answered in C must not keep
     them open until the handler returns, or the process runs out of
     descriptors and present keys fail."""
-    base, contents = small_shards
-    shard_dir = tmp_path / "shards"
-    shard_dir.mkdir()
-    for name in contents:
-        os.link(base / name, shard_dir / name)
-    point = tmp_path / "m"
-    env = dict(os.environ, SHARDFS_TEST_NO_BUILDS="1", SHARDFS_WORKERS="1")
-    proc = mounter.command(SHARDFS + ["mount", "--shard-dir", str(shard_dir), "--layout", "flat",
-                                      "--cache-dir", str(tmp_path / "cache"), str(point)],
-                           point, preexec_fn=_limit_descriptors, env=env)
-    assert proc.returncode == 0, proc.stderr
+    _, contents = small_shards
+    shard_dir, point = _mount_limited(small_shards, mounter, tmp_path,
+                                      dict(os.environ, SHARDFS_TEST_NO_BUILDS="1", SHARDFS_WORKERS="1"))
     names = sorted(contents)
     # The last shard's key: every shard opened in turn, the last BOUND kept
     # (and published to the requests answered in C).
@@ -235,8 +227,9 @@ def _limit_descriptors() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
 
 
-@needs_fuse
-def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_path):
+def _mount_limited(small_shards, mounter, tmp_path: Path, env=None) -> tuple:
+    """Mount a directory of links to the SHARDS shards (flat layout) under
+    RLIMIT_NOFILE LIMIT: (its shard directory, the mount point)."""
     base, contents = small_shards
     shard_dir = tmp_path / "shards"
     shard_dir.mkdir()
@@ -245,8 +238,15 @@ def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_pa
     point = tmp_path / "m"
     proc = mounter.command(SHARDFS + ["mount", "--shard-dir", str(shard_dir), "--layout", "flat",
                                       "--cache-dir", str(tmp_path / "cache"), str(point)],
-                           point, preexec_fn=_limit_descriptors)
+                           point, preexec_fn=_limit_descriptors, env=env)
     assert proc.returncode == 0, proc.stderr
+    return shard_dir, point
+
+
+@needs_fuse
+def test_mount_serves_more_shards_than_it_may_open(small_shards, mounter, tmp_path):
+    _, contents = small_shards
+    shard_dir, point = _mount_limited(small_shards, mounter, tmp_path)
     assert wait_until(lambda: (_stats(point)["index"] or {}).get("indexed_shards") == SHARDS, timeout=60), \
         _stats(point)
 

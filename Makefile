@@ -19,7 +19,7 @@ LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
 CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
 	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c shardfs/c/rbd.c \
-	shardfs/c/kind_file.c shardfs/c/kind_rbd.c shardfs/c/mosaic.c shardfs/c/gof.c
+	shardfs/c/kind_file.c shardfs/c/kind_rbd.c shardfs/c/kind_mosaic.c shardfs/c/mosaic.c shardfs/c/gof.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h shardfs/c/ll.h \
 	shardfs/c/ll_fast.c shardfs/c/ll_snapshot.c shardfs/c/ll_snapshot.h shardfs/c/ll_resolve.c shardfs/c/ll_resolve.h \

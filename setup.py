@@ -37,7 +37,7 @@ extension = Extension(
     # py_*.c file per type (py_module.h).
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
              "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c", "shardfs/c/hashindex.c",
-             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/kind_file.c", "shardfs/c/kind_rbd.c",
+             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/kind_file.c", "shardfs/c/kind_rbd.c", "shardfs/c/kind_mosaic.c",
              "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/ll_ahead.c", "shardfs/c/ll_snapshot.c",
              "shardfs/c/ll_resolve.c", "shardfs/c/mosaic.c", "shardfs/c/gof.c",
              "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),

@@ -80,7 +80,11 @@ def normalize_key(key: Key) -> bytes:
 
 
 class Shard:
-    """A Read Shard opened for reading (``writable=True`` also allows delete).
+    """A Read Shard opened for reading (``writable=True`` also allows delete),
+    or a MOSAIC file (Software Heritage's format, recognized by its first
+    bytes: `kind` is ``"mosaic"``) served by its sha256 index as a Read
+    Shard of the same slots (docs/mosaic.md: object offsets are then a view,
+    not bytes of the file; ``writable=True`` is refused).
 
     Opening validates the whole structure (magic, version, every header
     field, the perfect hash) and raises CorruptShardError naming the field;
@@ -141,6 +145,13 @@ class Shard:
     def extent(self) -> int:
         """Bytes of the shard, from byte 0 to the end of the hash section."""
         return self._reader.extent
+
+    @property
+    def kind(self) -> str:
+        """Where the shard's bytes come from: ``"file"`` (a Read Shard in a
+        file or block device), ``"rbd"`` (a Ceph RBD image) or ``"mosaic"``
+        (a MOSAIC file)."""
+        return self._reader.kind
 
     @property
     def hash_size(self) -> int:

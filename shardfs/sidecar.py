@@ -104,8 +104,21 @@ def identity(shard: Shard) -> bytes:
     the shard's size. Two
     shards with the same identity are, for all practical purposes, the same
     shard (their perfect hashes agree); a copy of a shard has the identity
-    of the original. OSError when the file cannot be read.
+    of the original. A MOSAIC file's identity covers instead its kind, slot
+    count, size, EBML header and the first and last 4 KiB of its sha256
+    index's perfect hash (`Shard._reader.identity_ranges`): bytes that
+    swh's in-place deletions do not change. OSError when the file cannot
+    be read.
     """
+    ranges = shard._reader.identity_ranges
+    if ranges:  # a kind that names what identifies it (a MOSAIC file)
+        digest = hashlib.sha256(_IDENTITY_TAG)
+        digest.update(shard.kind.encode())
+        digest.update(shard.slot_count.to_bytes(8, "little"))
+        digest.update(shard.extent.to_bytes(8, "little"))
+        for offset, length in ranges:
+            digest.update(_pread(shard.fileno(), length, offset, shard.path))
+        return digest.digest()
     header = shard.header
     probe_hash = min(_PROBE, shard.hash_size)
     probe_index = min(_PROBE, header.index_size)

@@ -188,7 +188,7 @@ int sfs_shard_key_prefixes(const sfs_shard_t *shard, uint64_t **out, size_t *n,
     for (uint64_t first = 0; first < slots; first += INDEX_CHUNK) {
         uint64_t c = slots - first < INDEX_CHUNK ? slots - first : INDEX_CHUNK;
         uint64_t at = h->index_position + first * SFS_SLOT_SIZE;
-        int got = sfs_pread_full(fd, buf, c * SFS_SLOT_SIZE, at);
+        int got = sfs_index_read(shard, fd, first, c, buf);
         if (got < 0) {
             int e = errno;
             rc = got == SFS_PREAD_SHORT ? sfs_fail(err, SFS_EIO, EIO, "%s: the shard shrank while its index "

@@ -463,7 +463,7 @@ int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_
     }
     for (uint64_t first = 0; first < slots; first += INDEX_CHUNK) {
         uint64_t count = slots - first < INDEX_CHUNK ? slots - first : INDEX_CHUNK;
-        if (sfs_pread_full(fd, chunk, count * SFS_SLOT_SIZE, hd->index_position + first * SFS_SLOT_SIZE) != 0) {
+        if (sfs_index_read(shard, fd, first, count, chunk) != 0) {
             rc = sfs_fail(err, SFS_EIO, errno ? errno : EIO, "%s: reading the index: %s", name, strerror(errno ? errno : EIO));
             goto out;
         }

@@ -101,6 +101,19 @@ int sfs_pread_full(int fd, void *buf, size_t len, uint64_t offset);
  * the system's; nothing left open on error. */
 int sfs_reopen_for_index(const sfs_shard_t *shard, int *fd, sfs_error_t *err);
 
+/* Slots [first, first + count) of the shard's index, 40 bytes each as a
+ * Read Shard stores them (key, then the size field's offset, big-endian;
+ * SFS_EMPTY_OFFSET for an empty slot), into buf: read with pread from
+ * `fd` (sfs_reopen_for_index) at the index's offset, or, for a kind with
+ * an index of its own (kind.h, slot_entry), built from its entries (an
+ * empty slot then has a zero key). Results as sfs_pread_full. */
+int sfs_index_read(const sfs_shard_t *shard, int fd, uint64_t first, uint64_t count, uint8_t *buf);
+
+/* The (offset, length) byte ranges of the shard's source that identify it,
+ * for a kind that says which (kind.h, identity_ranges): how many were
+ * filled (<= max); 0 for a Read Shard (sidecar.py probes it itself). */
+size_t sfs_identity_ranges(const sfs_shard_t *shard, uint64_t *offsets, uint64_t *lengths, size_t max);
+
 /* Read up to `len` bytes at `offset` of the shard's bytes, as its kind
  * reads them (kind.h, source_read): through `fd` (a descriptor of the
  * shard's file, e.g. from sfs_reopen_for_index) for a file, from the image

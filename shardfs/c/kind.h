@@ -5,7 +5,9 @@
  * device: the "file" kind, kind_file.c) or "rbd:POOL/IMAGE" (the "rbd"
  * kind, kind_rbd.c: a Ceph RBD image read through librbd, rbd.h).
  * sfs_open() chooses the kind once, the first of sfs_kinds[] whose
- * claims() accepts the source (the file kind, last, takes any), and from
+ * claims() accepts the source (the file kind, last, takes any; it hands a
+ * file that starts with EBML's magic to the "mosaic" kind, kind_mosaic.c:
+ * a MOSAIC file is recognized by its content, not by its name), and from
  * then on every call that depends on where bytes come from goes through
  * the shard's table (shard->kind). Nothing outside a kind's own file tests
  * which kind a shard is: a caller that must behave differently asks for a
@@ -180,6 +182,30 @@ struct sfs_kind {
      * end), or -1 with errno set. */
     ssize_t (*source_read)(const sfs_shard_t *s, int fd, void *buf, size_t len, uint64_t offset);
 
+    /* Optional, the three together: a kind whose keys are found by an
+     * index of its own rather than by a mapped Read Shard index and CHD
+     * hash (the mosaic kind). Then `map`, `chd` and the index and hash
+     * sections of `header` are not used by the lookups: `header` holds a
+     * Read Shard view of the source (objects_position 88, each slot's
+     * size field at a byte offset of the kind's choosing inside the
+     * objects section, index_position = objects_end, no hash section).
+     * find: SFS_OK with *slot and *offset (of the object's size field, as
+     * a slot stores it) for a live key; SFS_ENOTFOUND when absent or
+     * deleted; SFS_ECORRUPT. slot_of: the slot `key` hashes to (its
+     * perfect hash value), or a value >= slots when the index says no key
+     * has one. slot_entry: slot's key into key_out (may be NULL) and its
+     * size field's offset, or SFS_EMPTY_OFFSET for a deleted, empty or
+     * unreadable entry (sfs_slot_get). NULL: the Read Shard index in `map`. */
+    int (*find)(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot, uint64_t *offset);
+    uint64_t (*slot_of)(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE]);
+    uint64_t (*slot_entry)(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE]);
+
+    /* Optional. The byte ranges of the source that identify it (the
+     * sidecar's identity, shardfs/sidecar.py): what no deletion changes.
+     * Fills up to `max` (offset, length) pairs, returns how many. NULL:
+     * the Read Shard's header, hash and index probes (sidecar.py). */
+    size_t (*identity_ranges)(const sfs_shard_t *s, uint64_t *offsets, uint64_t *lengths, size_t max);
+
     /* Optional. The one-line message of the source's last connection
      * error ("" when none), valid until the next call on the shard.
      * NULL: sfs_source_error gives NULL (a source with no connection). */
@@ -188,8 +214,15 @@ struct sfs_kind {
 
 /* The kinds, in the order sfs_open() asks them to claim a source; the
  * file kind, which claims any, last. */
-extern const sfs_kind_t sfs_kind_rbd;  /* kind_rbd.c */
-extern const sfs_kind_t sfs_kind_file; /* kind_file.c */
+extern const sfs_kind_t sfs_kind_rbd;    /* kind_rbd.c */
+extern const sfs_kind_t sfs_kind_file;   /* kind_file.c */
+extern const sfs_kind_t sfs_kind_mosaic; /* kind_mosaic.c: a file whose first bytes are EBML's
+                                          * magic, handed over by the file kind (SFS_EKIND) */
+
+/* What a kind's open() returns, internally, when the source is of another
+ * kind it recognized by its content: the file kind, for a MOSAIC file;
+ * sfs_open() then opens it with that kind. Never returned by sfs_open(). */
+#define SFS_EKIND (-100)
 
 /* Helpers of shard.c for the kinds' open(). */
 

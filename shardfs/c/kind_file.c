@@ -36,6 +36,10 @@ static int file_open(sfs_shard_t *s, sfs_error_t *err)
     if ((rc = sfs_fd_size(s->fd, path, &s->file_size, &is_blk, err)) != SFS_OK)
         return rc;
     fcntl(s->fd, F_SETFL, fcntl(s->fd, F_GETFL) & ~O_NONBLOCK);
+    uint8_t magic[4];
+    if (s->file_size >= sizeof(magic) && pread(s->fd, magic, sizeof(magic), 0) == (ssize_t)sizeof(magic) &&
+        memcmp(magic, "\x1a\x45\xdf\xa3", sizeof(magic)) == 0)
+        return SFS_EKIND; /* EBML: a MOSAIC file (kind_mosaic.c) */
     if (s->file_size < SFS_HEADER_END)
         return CORRUPT("%s: truncated: %llu bytes, smaller than the 88-byte header", path,
                        (unsigned long long)s->file_size);

@@ -22,6 +22,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -505,6 +506,7 @@ static int parse_index(sfs_mosaic_t *m, const el_t *ix, sfs_error_t *err)
     x->info.position = ix->pos;
     x->info.unrolled_position = unrolled.data;
     x->info.map_size = mp.size;
+    x->info.map_position = mp.data;
     return SFS_OK;
 }
 
@@ -733,6 +735,13 @@ int sfs_mosaic_lookup(const sfs_mosaic_t *m, size_t index, const uint8_t *key, s
         *slot = (uint64_t)v;
     *object = pos;
     return SFS_OK;
+}
+
+int64_t sfs_mosaic_slot_of(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len)
+{
+    if (index >= m->info.indexes || key_len != m->index[index].info.key_size || m->index[index].info.slots == 0)
+        return -1;
+    return sfs_gof_get(m->index[index].gof, key, key_len);
 }
 
 int sfs_mosaic_slot(const sfs_mosaic_t *m, size_t index, uint64_t slot, uint8_t *key_out,
@@ -1174,4 +1183,29 @@ int sfs_mosaic_check(const sfs_mosaic_t *m,
     if (stats)
         *stats = st;
     return k.problems ? SFS_ECORRUPT : SFS_OK;
+}
+
+/* ---------------------------------------------------------------- per-thread contexts */
+
+static pthread_key_t ctx_key;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+static int ctx_key_ok;
+
+static void ctx_free(void *ctx) { sfs_mosaic_ctx_free(ctx); }
+
+static void ctx_key_make(void) { ctx_key_ok = pthread_key_create(&ctx_key, ctx_free) == 0; }
+
+sfs_mosaic_ctx_t *sfs_mosaic_thread_ctx(const sfs_mosaic_t *m)
+{
+    if (m->info.compression == SFS_MOSAIC_NONE)
+        return NULL;
+    pthread_once(&ctx_once, ctx_key_make);
+    if (!ctx_key_ok)
+        return NULL;
+    sfs_mosaic_ctx_t *ctx = pthread_getspecific(ctx_key);
+    if (!ctx && (ctx = sfs_mosaic_ctx_new()) && pthread_setspecific(ctx_key, ctx) != 0) {
+        sfs_mosaic_ctx_free(ctx);
+        ctx = NULL;
+    }
+    return ctx;
 }

@@ -160,6 +160,7 @@ typedef struct sfs_mosaic_index_info {
     uint64_t entry_size;        /* IdxUnrolledEntrySize, bytes */
     uint64_t position;          /* byte offset of the Index element's ID */
     uint64_t unrolled_position; /* byte offset of entry 0 */
+    uint64_t map_position;      /* byte offset of the serialized GOFunction (Map's data) */
     uint64_t map_size;          /* bytes of the serialized GOFunction */
 } sfs_mosaic_index_info_t;
 
@@ -224,6 +225,11 @@ int sfs_mosaic_kind_of(const char *name);
 int sfs_mosaic_lookup(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len,
                       uint64_t *slot, uint64_t *object, sfs_error_t *err);
 
+/* The entry `key` hashes to in index `index` (its GOFunction's value,
+ * which says nothing of whether the key is there), or -1 when the
+ * GOFunction says no key has one, or for a bad index or key length. */
+int64_t sfs_mosaic_slot_of(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len);
+
 /* Entry `slot` (< slots) of index `index`: its key into key_out (key_size
  * bytes; may be NULL) and its object's position into *object (may be
  * NULL). SFS_ENOTFOUND for a deleted entry (starting with a Void element,
@@ -273,6 +279,12 @@ int sfs_mosaic_object_cached(const sfs_mosaic_t *m, uint64_t object);
  * on allocation failure. */
 sfs_mosaic_ctx_t *sfs_mosaic_ctx_new(void);
 void sfs_mosaic_ctx_free(sfs_mosaic_ctx_t *ctx); /* NULL accepted */
+
+/* The calling thread's context (made at its first use, freed when the
+ * thread ends: making one per call costs tens of microseconds, as much as
+ * decoding a small object), or NULL for a file without compression or when
+ * none can be made (the calls then make their own). */
+sfs_mosaic_ctx_t *sfs_mosaic_thread_ctx(const sfs_mosaic_t *m);
 
 /* Decoded size of the object at `object`, bytes. "none": its stored size,
  * O(1). zstd: the sum of its frames' content sizes (ZSTD_getFrameContentSize

@@ -172,39 +172,6 @@ static PyObject *Mosaic_lookup(Mosaic *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(object);
 }
 
-/* The calling thread's zstd context (made at its first use, freed when
- * the thread ends): making one per call costs tens of microseconds, as
- * much as decoding a small object. NULL when it cannot be made (the calls
- * then make their own). */
-static pthread_key_t ctx_key;
-static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
-
-static void ctx_free(void *ctx)
-{
-    sfs_mosaic_ctx_free(ctx);
-}
-
-static void ctx_key_make(void)
-{
-    if (pthread_key_create(&ctx_key, ctx_free) != 0)
-        ctx_key = (pthread_key_t)-1;
-}
-
-static sfs_mosaic_ctx_t *thread_ctx(const sfs_mosaic_t *m)
-{
-    if (sfs_mosaic_info(m)->compression == SFS_MOSAIC_NONE)
-        return NULL;
-    pthread_once(&ctx_once, ctx_key_make);
-    if (ctx_key == (pthread_key_t)-1)
-        return NULL;
-    sfs_mosaic_ctx_t *ctx = pthread_getspecific(ctx_key);
-    if (!ctx && (ctx = sfs_mosaic_ctx_new()) && pthread_setspecific(ctx_key, ctx) != 0) {
-        sfs_mosaic_ctx_free(ctx);
-        ctx = NULL;
-    }
-    return ctx;
-}
-
 /* One object's bytes into a new bytes object (*out, NULL when absent or
  * deleted), the GIL released while the file is read: lookup, decoded
  * size, read. Returns SFS_OK or an error status (err filled); called
@@ -283,7 +250,7 @@ static PyObject *Mosaic_get(Mosaic *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     sfs_error_t err = {0};
     PyObject *out;
-    int rc = get_one(self, (size_t)x, key.buf, (size_t)key.len, thread_ctx(self->m), &out, &err);
+    int rc = get_one(self, (size_t)x, key.buf, (size_t)key.len, sfs_mosaic_thread_ctx(self->m), &out, &err);
     PyBuffer_Release(&key);
     if (rc == SFS_ENOMEM && PyErr_Occurred())
         return NULL;
@@ -310,7 +277,7 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *result = PyList_New(n);
-    sfs_mosaic_ctx_t *ctx = thread_ctx(self->m);
+    sfs_mosaic_ctx_t *ctx = sfs_mosaic_thread_ctx(self->m);
     /* Every key's entry asked of the device at once, then every object's
      * first bytes (the kernel reads them in parallel), then each object
      * read: a cold batch waits for two rounds of reads, not two per key. */

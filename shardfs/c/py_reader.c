@@ -83,6 +83,31 @@ READER_U64_GETTER(slot_count)
 READER_U64_GETTER(extent)
 READER_U64_GETTER(hash_size)
 
+static PyObject *Reader_kind(Reader *self, void *closure)
+{
+    if (!reader_ready(self))
+        return NULL;
+    return PyUnicode_FromString(sfs_kind_name(self->shard));
+}
+
+static PyObject *Reader_identity_ranges(Reader *self, void *closure)
+{
+    if (!reader_ready(self))
+        return NULL;
+    uint64_t offsets[8], lengths[8];
+    size_t n = sfs_identity_ranges(self->shard, offsets, lengths, 8);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *pair = Py_BuildValue("(KK)", (unsigned long long)offsets[i], (unsigned long long)lengths[i]);
+        if (!pair) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, pair);
+    }
+    return list;
+}
+
 static PyObject *Reader_fileno(Reader *self, PyObject *unused)
 {
     if (!reader_ready(self))
@@ -839,6 +864,11 @@ static PyGetSetDef Reader_getset[] = {
     {"slot_count", (getter)Reader_slot_count, NULL, "Slots in the index.", NULL},
     {"extent", (getter)Reader_extent, NULL, "Bytes used by the shard (end of the hash).", NULL},
     {"hash_size", (getter)Reader_hash_size, NULL, "Bytes of the perfect hash section.", NULL},
+    {"kind", (getter)Reader_kind, NULL, "The kind of source: \"file\", \"rbd\" or \"mosaic\".", NULL},
+    {"identity_ranges", (getter)Reader_identity_ranges, NULL,
+     "[(offset, length), ...] in bytes: what identifies the source, for a kind that says "
+     "(a MOSAIC file: its EBML header and its sha256 index's perfect hash); [] for a Read Shard.",
+     NULL},
     {"releases_gil", (getter)Reader_releases_gil, NULL,
      "True while read/locate/find release the GIL: since one of them waited (over 20 us), "
      "until 64 in a row were fast", NULL},

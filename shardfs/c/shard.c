@@ -159,6 +159,8 @@ int sfs_validate_header(sfs_shard_t *s, const uint8_t raw[SFS_HEADER_END], sfs_e
  * the file kind, which claims any, last. */
 static const sfs_kind_t *const sfs_kinds[] = {&sfs_kind_rbd, &sfs_kind_file};
 
+static int open_kind(const sfs_kind_t *kind, const char *path, int writable, sfs_shard_t **out, sfs_error_t *err);
+
 int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err)
 {
     *out = NULL;
@@ -168,6 +170,14 @@ int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err
             kind = sfs_kinds[i];
             break;
         }
+    int rc = open_kind(kind, path, writable, out, err);
+    if (rc == SFS_EKIND) /* the file kind found a MOSAIC file */
+        rc = open_kind(&sfs_kind_mosaic, path, writable, out, err);
+    return rc;
+}
+
+static int open_kind(const sfs_kind_t *kind, const char *path, int writable, sfs_shard_t **out, sfs_error_t *err)
+{
     sfs_shard_t *s = calloc(1, sizeof(*s) + kind->state_size);
     if (!s || !(s->path = strdup(path))) {
         free(s);
@@ -216,6 +226,10 @@ uint64_t sfs_hash_size(const sfs_shard_t *s) { return s->chd.dump_size; }
 
 uint32_t sfs_slot_of(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE])
 {
+    if (s->kind->slot_of) {
+        uint64_t slot = s->kind->slot_of(s, key);
+        return slot < UINT32_MAX ? (uint32_t)slot : UINT32_MAX;
+    }
     return sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
 }
 
@@ -228,6 +242,8 @@ uint64_t sfs_slot_get(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_K
 {
     if (slot >= s->slots)
         return SFS_EMPTY_OFFSET;
+    if (s->kind->slot_entry)
+        return s->kind->slot_entry(s, slot, key_out);
     const uint8_t *p = slot_ptr(s, slot);
     if (key_out)
         memcpy(key_out, p, SFS_KEY_SIZE);
@@ -236,7 +252,7 @@ uint64_t sfs_slot_get(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_K
 
 void sfs_prefetch_slot_entry(const sfs_shard_t *s, uint64_t slot)
 {
-    if (slot < s->slots)
+    if (slot < s->slots && !s->kind->slot_entry)
         __builtin_prefetch(slot_ptr(s, slot) + SFS_KEY_SIZE, 0, 0);
 }
 
@@ -279,6 +295,11 @@ static inline int resolve(const sfs_shard_t *s, uint64_t slot, uint64_t offset,
 int sfs_lookup_slot(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
                     uint64_t *data_offset, uint64_t *size)
 {
+    if (s->kind->find) {
+        uint64_t offset;
+        int rc = s->kind->find(s, key, slot, &offset);
+        return rc == SFS_OK ? resolve(s, *slot, offset, data_offset, size) : rc;
+    }
     *slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
     if (*slot >= s->slots)
         return SFS_ECORRUPT;
@@ -315,6 +336,16 @@ size_t sfs_lookup_batch(const sfs_shard_t *s, const uint8_t *keys, size_t n, sfs
     size_t bad = 0;
     int cold = 0, slow = 0;
     uint64_t t0 = sfs_now_ns();
+    if (s->kind->find) { /* the kind's own index: one key at a time */
+        for (size_t i = 0; i < n; i++) {
+            found[i].status = sfs_lookup_slot(s, keys + SFS_KEY_SIZE * i, &found[i].slot, &found[i].data_offset,
+                                              &found[i].size);
+            if (found[i].status != SFS_OK)
+                found[i].data_offset = found[i].size = 0;
+            bad += found[i].status == SFS_ECORRUPT;
+        }
+        return bad;
+    }
     for (size_t i = 0; i < n + 2 * BATCH_AHEAD; i++) {
         if (i < n) { /* stage 1: the slot, prefetched */
             uint32_t slot = sfs_chd_search(&s->chd, keys + SFS_KEY_SIZE * i, SFS_KEY_SIZE);
@@ -412,6 +443,8 @@ static int slot_nowait(const sfs_shard_t *s, uint64_t slot, uint8_t raw[SFS_SLOT
 int sfs_lookup_nowait(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot,
                       uint64_t *data_offset, uint64_t *size)
 {
+    if (s->kind->find)
+        return SFS_EAGAIN;
     *slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
     if (*slot >= s->slots)
         return SFS_ECORRUPT;
@@ -430,6 +463,8 @@ int sfs_slot_object_nowait(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[
 {
     if (slot >= s->slots)
         return SFS_EINVAL;
+    if (s->kind->slot_entry)
+        return SFS_EAGAIN;
     uint8_t raw[SFS_SLOT_SIZE];
     int rc = slot_nowait(s, slot, raw);
     if (rc != SFS_OK)
@@ -477,6 +512,8 @@ void sfs_prefetch_reader(const sfs_shard_t *s)
 
 void sfs_prefetch_slot(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE])
 {
+    if (s->kind->find)
+        return;
     uint32_t slot = sfs_chd_search(&s->chd, key, SFS_KEY_SIZE);
     if (slot < s->slots)
         posix_fadvise(s->fd, (off_t)(s->header.index_position + (uint64_t)slot * SFS_SLOT_SIZE),
@@ -544,7 +581,7 @@ uint64_t sfs_live_count(sfs_shard_t *s)
         return cached - 1;
     uint64_t live = 0;
     for (uint64_t i = 0; i < s->slots; i++)
-        live += be64(slot_ptr(s, i) + SFS_KEY_SIZE) != SFS_EMPTY_OFFSET;
+        live += sfs_slot_get(s, i, NULL) != SFS_EMPTY_OFFSET;
     __atomic_store_n(&s->live, live + 1, __ATOMIC_RELAXED);
     return live;
 }
@@ -625,6 +662,11 @@ int sfs_reopen_for_index(const sfs_shard_t *s, int *fd_out, sfs_error_t *err)
     const char *path = s->path;
     uint64_t end = h->index_position + sfs_slot_count(s) * SFS_SLOT_SIZE;
     *fd_out = -1;
+    if (s->kind->slot_entry) { /* sfs_index_read reads the kind's index, not this descriptor */
+        if ((*fd_out = fcntl(s->fd, F_DUPFD_CLOEXEC, 0)) < 0)
+            return sfs_fail(err, SFS_EIO, errno, "%s: %s", path, strerror(errno));
+        return SFS_OK;
+    }
     char self_fd[40];
     snprintf(self_fd, sizeof(self_fd), "/proc/self/fd/%d", s->fd);
     int fd = open(self_fd, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -674,6 +716,29 @@ int sfs_reopen_for_index(const sfs_shard_t *s, int *fd_out, sfs_error_t *err)
 fail:
     close(fd);
     return rc;
+}
+
+int sfs_index_read(const sfs_shard_t *s, int fd, uint64_t first, uint64_t count, uint8_t *buf)
+{
+    if (!s->kind->slot_entry)
+        return sfs_pread_full(fd, buf, count * SFS_SLOT_SIZE, s->header.index_position + first * SFS_SLOT_SIZE);
+    if (first > s->slots || count > s->slots - first) {
+        errno = EIO;
+        return SFS_PREAD_SHORT;
+    }
+    for (uint64_t i = 0; i < count; i++) {
+        uint8_t *p = buf + i * SFS_SLOT_SIZE;
+        uint64_t offset = s->kind->slot_entry(s, first + i, p);
+        if (offset == SFS_EMPTY_OFFSET)
+            memset(p, 0, SFS_KEY_SIZE);
+        put_be64(p + SFS_KEY_SIZE, offset);
+    }
+    return 0;
+}
+
+size_t sfs_identity_ranges(const sfs_shard_t *s, uint64_t *offsets, uint64_t *lengths, size_t max)
+{
+    return s->kind->identity_ranges ? s->kind->identity_ranges(s, offsets, lengths, max) : 0;
 }
 
 int sfs_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)

@@ -94,6 +94,7 @@ uint64_t sfs_sidecar_file_size(unsigned p, uint64_t n)
 /* The index as read by a build: through a descriptor of its own, never
  * through the shard's mapping. */
 typedef struct {
+    const sfs_shard_t *shard;
     const char *path;         /* the shard's */
     int fd;
     uint64_t position, slots; /* index_position, slot count */
@@ -120,6 +121,7 @@ static int read_failed(const index_t *ix, const char *what, uint64_t offset, int
  * (sfs_reopen_for_index: its own read-ahead state, the very file opened). */
 static int index_open(index_t *ix, const sfs_shard_t *shard, sfs_error_t *err)
 {
+    ix->shard = shard;
     ix->path = sfs_path(shard);
     ix->position = sfs_header(shard)->index_position;
     ix->slots = sfs_slot_count(shard);
@@ -139,7 +141,7 @@ static int index_read(index_t *ix, uint64_t first, uint64_t count, sfs_error_t *
          ix->advised += READAHEAD_STEP)
         posix_fadvise(ix->fd, (off_t)(ix->position + ix->advised), READAHEAD_STEP,
                       POSIX_FADV_WILLNEED);
-    int got = sfs_pread_full(ix->fd, ix->buf, count * SFS_SLOT_SIZE, ix->position + at);
+    int got = sfs_index_read(ix->shard, ix->fd, first, count, ix->buf);
     if (got < 0)
         return read_failed(ix, "the index", ix->position + at, got, err);
     return SFS_OK;
@@ -278,12 +280,12 @@ static int sort_ties(index_t *ix, unsigned p, uint64_t *e, uint64_t m, sfs_error
     uint64_t fp = e[0] >> 32, low = (UINT64_C(1) << (32 - p)) - 1; /* p < 32 */
     for (uint64_t i = 0; i < m; i++) {
         uint32_t slot = (uint32_t)e[i];
-        uint8_t top[8];
+        uint8_t entry[SFS_SLOT_SIZE];
         uint64_t at = ix->position + (uint64_t)slot * SFS_SLOT_SIZE;
-        int got = sfs_pread_full(ix->fd, top, sizeof(top), at);
+        int got = sfs_index_read(ix->shard, ix->fd, slot, 1, entry);
         if (got < 0)
             return read_failed(ix, "a key", at, got, err);
-        e[i] = (be64(top) & low) << 32 | slot;
+        e[i] = (be64(entry) & low) << 32 | slot;
     }
     sort_u64(e, m);
     for (uint64_t i = 0; i < m; i++)

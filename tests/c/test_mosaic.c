@@ -32,6 +32,8 @@
  */
 #define _GNU_SOURCE
 #include "mosaic.h"
+#include "internal.h"
+#include "kind.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1215,6 +1217,101 @@ static void test_large_flips(const manifest_t *mf)
     free(orig);
 }
 
+/* The file as a shard (kind_mosaic.c): sfs_open recognizes it by its
+ * content and serves it by its sha256 index as a Read Shard view: every
+ * live object by key and by slot, whole and in pieces, byte-identical to
+ * the manifest (swh.mosaic's reader); deleted and absent keys not found;
+ * the index view (sfs_index_read) and the object view (sfs_source_read)
+ * agree with the lookups; check clean; writing refused; a file without a
+ * sha256 index refused in one line. */
+static void test_kind(const manifest_t *mf)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s", fixtures, mf->file);
+    int x = -1;
+    for (int i = 0; i < mf->n_indexes; i++)
+        if (!strcmp(mf->index_names[i], "sha256"))
+            x = i;
+    sfs_shard_t *s;
+    sfs_error_t err;
+    int rc = sfs_open(path, 0, &s, &err);
+    if (x < 0) {
+        CHECK(rc == SFS_EINVAL && one_line(&err) && strstr(err.message, "sha256"),
+              "%s: no sha256 index: open rc %d: %s", mf->file, rc, rc ? err.message : "");
+        if (rc == SFS_OK)
+            sfs_close(s);
+        return;
+    }
+    REQUIRE(rc == SFS_OK, "%s: sfs_open: %s", mf->file, err.message);
+    CHECK(!strcmp(sfs_kind_name(s), "mosaic"), "%s: kind %s", mf->file, sfs_kind_name(s));
+    CHECK(sfs_live_count(s) == mf->live[x], "%s: live %llu, expected %llu", mf->file,
+          (unsigned long long)sfs_live_count(s), (unsigned long long)mf->live[x]);
+    CHECK(sfs_check(s, NULL, NULL, 0) == 0, "%s: sfs_check found problems", mf->file);
+    uint64_t slots = sfs_slot_count(s), seen = 0;
+    uint8_t *bytes = malloc(1 << 20), *piece = malloc(1 << 20), key[32];
+    for (size_t i = 0; i < mf->n_objs; i++) {
+        const obj_t *o = &mf->objs[i];
+        uint64_t off = 0, size = 0;
+        uint32_t slot = UINT32_MAX;
+        rc = sfs_lookup_slot(s, o->keys[x], &slot, &off, &size);
+        REQUIRE(rc == SFS_OK && size == o->length && o->length <= (1 << 20), "%s: object %zu: lookup rc %d "
+                "size %llu, expected %llu", mf->file, i, rc, (unsigned long long)size,
+                (unsigned long long)o->length);
+        CHECK(sfs_slot_of(s, o->keys[x]) == slot, "%s: object %zu: slot_of", mf->file, i);
+        rc = sfs_read(s, off, bytes, size);
+        uint8_t sha[32];
+        sha256(bytes, size, sha);
+        CHECK(rc == SFS_OK && !memcmp(sha, o->sha, 32), "%s: object %zu: read rc %d or bytes differ",
+              mf->file, i, rc);
+        uint64_t at = size ? next_rand() % size : 0, len = size - at;
+        rc = sfs_read(s, off + at, piece, len);
+        CHECK(rc == SFS_OK && !memcmp(piece, bytes + at, len), "%s: object %zu: read [%llu, +%llu)",
+              mf->file, i, (unsigned long long)at, (unsigned long long)len);
+        const uint8_t *p = sfs_data(s, off, size);
+        CHECK(!p || !memcmp(p, bytes, size), "%s: object %zu: sfs_data bytes differ", mf->file, i);
+        CHECK(!strcmp(mf->compression, "none") ? p != NULL || size == 0 : p == NULL,
+              "%s: object %zu: sfs_data %p", mf->file, i, (const void *)p);
+        uint64_t off2, size2;
+        rc = sfs_slot_object(s, slot, key, &off2, &size2);
+        CHECK(rc == SFS_OK && !memcmp(key, o->keys[x], 32) && off2 == off && size2 == size,
+              "%s: object %zu: slot %u rc %d", mf->file, i, slot, rc);
+        uint8_t entry[SFS_SLOT_SIZE];
+        CHECK(sfs_index_read(s, -1, slot, 1, entry) == 0 && !memcmp(entry, key, 32) &&
+              be64(entry + 32) == off - SFS_SIZE_FIELD_SIZE, "%s: object %zu: index view", mf->file, i);
+        uint8_t view[8 + 64];
+        ssize_t n = sfs_source_read(s, -1, view, sizeof(view), off - SFS_SIZE_FIELD_SIZE);
+        CHECK(n == (ssize_t)(8 + (size < 64 ? size : 64)) && be64(view) == size &&
+              !memcmp(view + 8, bytes, (size_t)n - 8), "%s: object %zu: object view n %zd", mf->file, i, n);
+        seen++;
+    }
+    for (size_t i = 0; i < mf->n_dels; i++) {
+        uint64_t off, size;
+        uint32_t slot;
+        rc = sfs_lookup_slot(s, mf->dels[i].keys[x], &slot, &off, &size);
+        CHECK(rc == SFS_ENOTFOUND, "%s: deleted %zu: rc %d", mf->file, i, rc);
+    }
+    for (size_t i = 0; i < mf->n_absent; i++) {
+        if (mf->absent[i].index != x)
+            continue;
+        uint64_t off, size;
+        uint32_t slot;
+        rc = sfs_lookup_slot(s, mf->absent[i].key, &slot, &off, &size);
+        CHECK(rc == SFS_ENOTFOUND, "%s: absent %zu: rc %d", mf->file, i, rc);
+    }
+    uint64_t live = 0;
+    for (uint64_t i = 0; i < slots; i++)
+        live += sfs_slot_get(s, i, NULL) != SFS_EMPTY_OFFSET;
+    CHECK(live == mf->live[x] && seen == mf->n_objs, "%s: %llu live slots", mf->file, (unsigned long long)live);
+    CHECK(sfs_read(s, SFS_HEADER_END, piece, 4) != SFS_OK, "%s: a read of a size field's view", mf->file);
+    free(bytes);
+    free(piece);
+    sfs_close(s);
+    rc = sfs_open(path, 1, &s, &err);
+    CHECK(rc == SFS_EINVAL && one_line(&err), "%s: writable open rc %d", mf->file, rc);
+    if (rc == SFS_OK)
+        sfs_close(s);
+}
+
 static void test_not_files(void)
 {
     sfs_mosaic_t *m;
@@ -1290,6 +1387,7 @@ int main(int argc, char **argv)
             printf(" %s", mfs[i].index_names[k]);
         printf("\n");
         test_file(&mfs[i]);
+        test_kind(&mfs[i]);
         if (!strcmp(mfs[i].file, "small.mosaic"))
             small = &mfs[i];
         if (!strcmp(mfs[i].file, "small_zstd.mosaic"))

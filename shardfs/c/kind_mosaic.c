@@ -1,0 +1,285 @@
+/*
+ * kind_mosaic.c — the "mosaic" kind (kind.h): a shard that is a Software
+ * Heritage MOSAIC file (mosaic.h), served by its SHA-256 index.
+ *
+ * Chosen by content: the file kind hands over any file that starts with
+ * EBML's magic (1A 45 DF A3). Keys are found by the file's own perfect
+ * hash (the sha256 index's GOFunction, ph.h) and its entries, read live
+ * from the mapping: an object deleted in place by swh's MosaicUpdater is
+ * absent from the next lookup on, with no copy to refresh.
+ *
+ * The rest of shardfs sees a Read Shard of the same slots (kind.h, find):
+ * slot i is entry i of the sha256 index, its object's "size field" at
+ * byte offset 88 + i * 2^32 and its bytes 8 bytes after (a view: no such
+ * bytes exist in the file). The objects section is [88, 88 + slots * 2^32),
+ * the index follows it, 40 bytes per slot, as sfs_index_read gives it;
+ * there is no hash section. Hence: at most 2^30 slots, and an object of
+ * at most 2^32 - 8 bytes (larger ones are refused as corrupt); both far
+ * above what SWH writes (50 million objects a shard, 100 MB an object).
+ *
+ * An object's size is its decoded size (mosaic.h: a zstd object's frame
+ * headers give it); its bytes are copied from the mapping (no compression)
+ * or decoded from the object's first byte (zstd: a read at offset N
+ * decodes N bytes first), with one zstd context per thread. Not writable:
+ * shardfs never writes MOSAIC files (swh's MosaicUpdater does).
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "kind.h"
+#include "mosaic.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+
+#define SLOT_SHIFT 32
+#define MAX_SLOTS (1ull << 30)
+#define MAX_OBJECT ((1ull << SLOT_SHIFT) - SFS_SIZE_FIELD_SIZE)
+
+typedef struct {
+    sfs_mosaic_t *m;
+    size_t index; /* the sha256 index */
+} mosaic_state_t;
+
+static inline const mosaic_state_t *state_of(const sfs_shard_t *s) { return sfs_kind_state(s); }
+
+static inline uint64_t size_field_of(uint64_t slot) { return SFS_HEADER_END + (slot << SLOT_SHIFT); }
+
+/* The slot and the byte within its view [size field, object bytes) of a
+ * byte offset inside the objects section. */
+static inline void split(uint64_t offset, uint64_t *slot, uint64_t *within)
+{
+    uint64_t v = offset - SFS_HEADER_END;
+    *slot = v >> SLOT_SHIFT;
+    *within = v & ((1ull << SLOT_SHIFT) - 1);
+}
+
+static int mosaic_claims(const char *source) { return 0; /* by content only: file_open */ }
+
+static int mosaic_open(sfs_shard_t *s, sfs_error_t *err)
+{
+    mosaic_state_t *st = sfs_kind_state(s);
+    if (s->writable)
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: a MOSAIC file: shardfs does not write it (delete its "
+                        "objects with swh's MosaicUpdater)", s->path);
+    int rc = sfs_mosaic_open(s->path, &st->m, err);
+    if (rc != SFS_OK)
+        return rc;
+    const sfs_mosaic_info_t *info = sfs_mosaic_info(st->m);
+    int x = sfs_mosaic_find_index(st->m, SFS_MOSAIC_SHA256);
+    if (x < 0)
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: a MOSAIC file without a sha256 index: shardfs serves "
+                        "objects by SHA-256 (read it with shardfs get --hash)", s->path);
+    st->index = (size_t)x;
+    uint64_t slots = sfs_mosaic_index(st->m, st->index)->slots;
+    if (slots > MAX_SLOTS)
+        return sfs_fail(err, SFS_ECORRUPT, 0, "%s: %llu entries in its sha256 index, more than the "
+                        "%llu a MOSAIC shard may have", s->path, (unsigned long long)slots,
+                        (unsigned long long)MAX_SLOTS);
+    /* the descriptor sfs_reopen_for_index and posix_fadvise use */
+    s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
+    if (s->fd < 0)
+        return sfs_fail(err, SFS_EIO, errno, "%s: %s", s->path, strerror(errno));
+    sfs_header_t *h = &s->header;
+    h->version = SFS_VERSION;
+    h->objects_count = info->objects_counter < slots ? info->objects_counter : slots;
+    h->objects_position = SFS_HEADER_END;
+    h->objects_size = slots << SLOT_SHIFT;
+    h->index_position = h->objects_position + h->objects_size;
+    h->index_size = slots * SFS_SLOT_SIZE;
+    h->hash_position = h->index_position + h->index_size;
+    s->slots = slots;
+    s->objects_end = h->index_position;
+    s->file_size = info->file_size;
+    s->extent = info->file_size;
+    return SFS_OK;
+}
+
+static void mosaic_close(sfs_shard_t *s)
+{
+    mosaic_state_t *st = sfs_kind_state(s);
+    sfs_mosaic_close(st->m);
+    st->m = NULL;
+}
+
+static int mosaic_find(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot, uint64_t *offset)
+{
+    const mosaic_state_t *st = state_of(s);
+    uint64_t entry, object;
+    int rc = sfs_mosaic_lookup(st->m, st->index, key, SFS_KEY_SIZE, &entry, &object, NULL);
+    if (rc == SFS_ENOTFOUND)
+        return rc;
+    if (rc != SFS_OK)
+        return SFS_ECORRUPT;
+    *slot = (uint32_t)entry;
+    *offset = size_field_of(entry);
+    return SFS_OK;
+}
+
+static uint64_t mosaic_slot_of(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE])
+{
+    const mosaic_state_t *st = state_of(s);
+    int64_t v = sfs_mosaic_slot_of(st->m, st->index, key, SFS_KEY_SIZE);
+    return v < 0 ? UINT64_MAX : (uint64_t)v;
+}
+
+static uint64_t mosaic_slot_entry(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE])
+{
+    const mosaic_state_t *st = state_of(s);
+    return sfs_mosaic_slot(st->m, st->index, slot, key_out, NULL, NULL) == SFS_OK ? size_field_of(slot)
+                                                                                : SFS_EMPTY_OFFSET;
+}
+
+/* The object element of `slot`, read again from its entry (a deleted
+ * one: SFS_ENOTFOUND). */
+static int object_of(const mosaic_state_t *st, uint64_t slot, uint64_t *object)
+{
+    return sfs_mosaic_slot(st->m, st->index, slot, NULL, object, NULL);
+}
+
+static uint64_t mosaic_object_size(const sfs_shard_t *s, uint64_t slot, uint64_t offset)
+{
+    const mosaic_state_t *st = state_of(s);
+    uint64_t object, size;
+    if (object_of(st, slot, &object) != SFS_OK ||
+        sfs_mosaic_object_size(st->m, sfs_mosaic_thread_ctx(st->m), object, &size, NULL, NULL) != SFS_OK ||
+        size > MAX_OBJECT)
+        return UINT64_MAX; /* refused by the caller: SFS_ECORRUPT */
+    return size;
+}
+
+static const uint8_t *mosaic_data(const sfs_shard_t *s, uint64_t offset, uint64_t length)
+{
+    const mosaic_state_t *st = state_of(s);
+    uint64_t slot, within, object, stored;
+    split(offset, &slot, &within);
+    if (within < SFS_SIZE_FIELD_SIZE || sfs_mosaic_info(st->m)->compression != SFS_MOSAIC_NONE ||
+        object_of(st, slot, &object) != SFS_OK)
+        return NULL;
+    const uint8_t *p = sfs_mosaic_stored(st->m, object, &stored, NULL);
+    within -= SFS_SIZE_FIELD_SIZE;
+    return p && within <= stored && length <= stored - within ? p + within : NULL;
+}
+
+/* Object bytes [within, within + length) of slot's object into dst:
+ * SFS_OK, or SFS_EIO with errno (EIO: deleted, damaged or shorter). */
+static int read_object(const mosaic_state_t *st, uint64_t slot, uint64_t within, void *dst, size_t length)
+{
+    uint64_t object;
+    size_t got = 0;
+    int rc = object_of(st, slot, &object);
+    if (rc == SFS_OK)
+        rc = sfs_mosaic_read(st->m, sfs_mosaic_thread_ctx(st->m), object, within, dst, length, &got, NULL);
+    if (rc == SFS_ENOMEM) {
+        errno = ENOMEM;
+        return SFS_EIO;
+    }
+    if (rc != SFS_OK || got != length) {
+        errno = EIO;
+        return SFS_EIO;
+    }
+    return SFS_OK;
+}
+
+static int mosaic_read(const sfs_shard_t *s, uint64_t offset, void *dst, size_t length)
+{
+    uint64_t slot, within;
+    split(offset, &slot, &within);
+    if (within < SFS_SIZE_FIELD_SIZE) { /* not an object range (shard.c checks only the section) */
+        errno = EINVAL;
+        return SFS_EIO;
+    }
+    return read_object(state_of(s), slot, within - SFS_SIZE_FIELD_SIZE, dst, length);
+}
+
+static void mosaic_prefetch(const sfs_shard_t *s, uint64_t offset, uint64_t length)
+{
+    const mosaic_state_t *st = state_of(s);
+    uint64_t slot, within, object;
+    split(offset, &slot, &within);
+    if (object_of(st, slot, &object) == SFS_OK)
+        sfs_mosaic_prefetch_object(st->m, object, within + length);
+}
+
+/* The view (kind.h): from inside one slot's size field and object, up to
+ * the object's end (fewer bytes than asked: the next call starts at the
+ * next slot's size field, as a forward-only reader asks, hashindex.c). */
+static ssize_t mosaic_source_read(const sfs_shard_t *s, int fd, void *buf, size_t len, uint64_t offset)
+{
+    const mosaic_state_t *st = state_of(s);
+    if (offset < SFS_HEADER_END || offset >= s->objects_end) {
+        errno = EINVAL;
+        return -1;
+    }
+    uint64_t slot, within;
+    split(offset, &slot, &within);
+    uint64_t size = mosaic_object_size(s, slot, 0);
+    if (size == UINT64_MAX) {
+        errno = EIO;
+        return -1;
+    }
+    uint8_t *out = buf;
+    size_t done = 0;
+    if (within < SFS_SIZE_FIELD_SIZE) {
+        uint8_t field[SFS_SIZE_FIELD_SIZE];
+        for (int i = 0; i < SFS_SIZE_FIELD_SIZE; i++)
+            field[i] = (uint8_t)(size >> (8 * (SFS_SIZE_FIELD_SIZE - 1 - i)));
+        size_t n = SFS_SIZE_FIELD_SIZE - (size_t)within;
+        n = n < len ? n : len;
+        memcpy(out, field + within, n);
+        done = n;
+        within = SFS_SIZE_FIELD_SIZE;
+    }
+    uint64_t at = within - SFS_SIZE_FIELD_SIZE;
+    if (done < len && at < size) {
+        size_t n = len - done < size - at ? len - done : (size_t)(size - at);
+        if (read_object(st, slot, at, out + done, n) != SFS_OK)
+            return -1;
+        done += n;
+    }
+    return (ssize_t)done;
+}
+
+/* The sha256 index's GOFunction and the EBML header: no deletion changes
+ * them (updater: Void elements over objects and entries, new CRC-32s and
+ * counters), a copy of the file has them. */
+static size_t mosaic_identity_ranges(const sfs_shard_t *s, uint64_t *offsets, uint64_t *lengths, size_t max)
+{
+    const mosaic_state_t *st = state_of(s);
+    const sfs_mosaic_info_t *info = sfs_mosaic_info(st->m);
+    const sfs_mosaic_index_info_t *x = sfs_mosaic_index(st->m, st->index);
+    uint64_t probe = 4096;
+    size_t n = 0;
+    if (n < max) {
+        offsets[n] = 0;
+        lengths[n++] = info->metadata_position < probe ? info->metadata_position : probe;
+    }
+    if (n < max) {
+        offsets[n] = x->map_position;
+        lengths[n++] = x->map_size < probe ? x->map_size : probe;
+    }
+    if (n < max && x->map_size > probe) {
+        offsets[n] = x->map_position + x->map_size - probe;
+        lengths[n++] = probe;
+    }
+    return n;
+}
+
+const sfs_kind_t sfs_kind_mosaic = {
+    .name = "mosaic",
+    .flags = 0,
+    .state_size = sizeof(mosaic_state_t),
+    .claims = mosaic_claims,
+    .open = mosaic_open,
+    .close = mosaic_close,
+    .object_size = mosaic_object_size,
+    .data = mosaic_data,
+    .read = mosaic_read,
+    .prefetch = mosaic_prefetch,
+    .source_read = mosaic_source_read,
+    .find = mosaic_find,
+    .slot_of = mosaic_slot_of,
+    .slot_entry = mosaic_slot_entry,
+    .identity_ranges = mosaic_identity_ranges,
+};

@@ -16,8 +16,18 @@ Measures (objects per second, one Python thread; key sample: 5,000 quick,
 - `get_batch`: batches of 1,000 keys (MosaicFile.get_batch /
   MosaicReader.get_batch, which fans out on rayon threads / Shard.get_batch).
 
+Through a mount (`--mount`, or always unless `--no-mount`): the same
+objects as files of three `shardfs mount`s (flat layout), the Read Shard,
+the raw MOSAIC file and the zstd one (the mosaic shard kind, C request
+path), each read whole by name in random order by bench/c/open_read.c
+(1 and 4 threads): `cold` (mounted anew, caches dropped) and `warm` (an
+untimed pass first: the kernel's page cache holds the decoded bytes; then
+WARM_REPEAT passes timed).
+
 Goals (issue 31): get >= 1.2x MosaicReader.lookup, raw and zstd, cold and
-warm; get_batch >= 1.5x MosaicReader.get_batch.
+warm; get_batch >= 1.5x MosaicReader.get_batch; through the mount, cold
+random, MOSAIC raw >= 0.9x the same objects in a Read Shard, zstd >= 0.7x,
+warm >= 0.95x.
 """
 from __future__ import annotations
 
@@ -38,22 +48,22 @@ READERS = ("shardfs", "swh", "shard")
 LABEL = {"shardfs": "shardfs MosaicFile", "swh": "swh.mosaic MosaicReader", "shard": "shardfs.Shard (Read Shard)"}
 
 
-def build(count: int):
-    """The MOSAIC files (raw, zstd) and the Read Shard of the `small`
+def build(count: int, kind: str = "small"):
+    """The MOSAIC files (raw, zstd) and the Read Shard of the `kind`
     dataset's first `count` objects, written once into WORK; their keys."""
     from swh.mosaic import IdxDescription, MosaicCreator
 
     import shardfs
 
     os.makedirs(WORK, exist_ok=True)
-    paths = {c: os.path.join(WORK, f"small-{count}-{c}.mosaic") for c in ("raw", "zstd")}
-    paths["shard"] = os.path.join(WORK, f"small-{count}.shard")
+    paths = {c: os.path.join(WORK, f"{kind}-{count}-{c}.mosaic") for c in ("raw", "zstd")}
+    paths["shard"] = os.path.join(WORK, f"{kind}-{count}.shard")
     keys = []
     if all(os.path.exists(p) for p in paths.values()):
-        for key, _ in H.objects(count, "small"):
+        for key, _ in H.objects(count, kind):
             keys.append(key)
         return paths, keys
-    objects = list(H.objects(count, "small"))
+    objects = list(H.objects(count, kind))
     keys = [k for k, _ in objects]
     import hashlib
 
@@ -116,8 +126,76 @@ def one_pass(reader: str, path: str, keys: list, how: str, cold: bool) -> float:
     return seconds if cold else seconds / WARM_REPEAT
 
 
+MOUNTED = ("shard", "raw", "zstd")
+#: Objects of the `mix` dataset (lognormal sizes, median 4 KiB, up to the
+#: maximum object size: SWH's) read through the mounts beside the `small`
+#: ones: quick, full.
+MIX_PLAN = (2_000, 10_000)
+MOUNT_LABEL = {"shard": "Read Shard", "raw": "MOSAIC raw", "zstd": "MOSAIC zstd"}
+
+
+def mount_part(res, rounds: int, sets: dict) -> None:
+    """Files of the same objects read through three mounts per dataset
+    (see the module docstring): `sets` {dataset: (paths, keys)}; adds rows
+    and goals to `res`."""
+    mnt = os.path.join(H.DATA, "mnt-mosaic")
+    targets = {(d, k): H.Target(k, MOUNT_LABEL[k], "shardfs", f"{mnt}/{d}-{k}", sources=[paths[k]],
+                                options=["layout=flat", f"cache_dir={WORK}/cache-{d}-{k}"])
+               for d, (paths, _) in sets.items() for k in MOUNTED}
+    names = {d: [k.hex() for k in keys] for d, (_, keys) in sets.items()}
+    configs = [(d, cache, threads, k) for d in sets for cache in ("cold", "warm") for threads in (1, 4)
+               for k in MOUNTED]
+
+    def measure(d, cache, threads, k):
+        t = targets[d, k]
+        if cache == "cold":
+            r = H.read_files(t.path, names[d], procs=threads, mode="c", before=t.cold)
+        else:  # a pass lasts milliseconds: WARM_REPEAT passes timed
+            t.mount()
+            H.read_files(t.path, names[d], procs=threads, mode="c")
+            r = H.read_files(t.path, names[d] * WARM_REPEAT, procs=threads, mode="c")
+        return {"value": r["objects"] / r["seconds"], "seconds": r["seconds"], "mb_s": r["bytes"] / r["seconds"] / 1e6}
+
+    try:
+        H.rounds(rounds, configs, lambda r, cfg: res.attempt(f"mount {cfg[0]} {cfg[1]} {cfg[2]}", cfg[3], r,
+                                                            lambda: measure(*cfg)))
+    finally:
+        for t in targets.values():
+            t.umount()
+    rows = []
+    for d in sets:
+        for cache in ("cold", "warm"):
+            for threads in (1, 4):
+                m = f"mount {d} {cache} {threads}"
+                rows.append([d, cache, str(threads), *[H.fmt(res.value(m, k)) for k in MOUNTED],
+                             *[H.fmt(res.value(m, k, "mb_s")) for k in MOUNTED],
+                             H.fmt(res.ratio_of_rounds(m, "raw", "shard"), 2),
+                             H.fmt(res.ratio_of_rounds(m, "zstd", "shard"), 2)])
+    res.table(["objects", "cache", "reader threads", *[f"{MOUNT_LABEL[k]}, files/s" for k in MOUNTED],
+               *[f"{MOUNT_LABEL[k]}, MB/s" for k in MOUNTED], "MOSAIC raw / Read Shard", "MOSAIC zstd / Read Shard"],
+              rows,
+              f"Through shardfs mounts (flat layout, C request path), files read whole in random order by "
+              f"bench/c/open_read.c: the small objects (1..4096 B) and `mix` (lognormal, median 4 KiB, a long "
+              f"tail up to 100 MB). Medians of {rounds} interleaved round(s); ratios: medians of same-round ratios.")
+    for d in sets:
+        for threads in (1, 4):
+            for k, want in (("raw", 0.9), ("zstd", 0.7)):
+                x = res.ratio_of_rounds(f"mount {d} cold {threads}", k, "shard")
+                res.goal(f"mount, {d}, cold random, {threads} reader(s): MOSAIC {k} >= {want}x Read Shard", x, ">=",
+                         want, shown=H.times(x))
+            for k in ("raw", "zstd"):
+                x = res.ratio_of_rounds(f"mount {d} warm {threads}", k, "shard")
+                res.goal(f"mount, {d}, warm, {threads} reader(s): MOSAIC {k} >= 0.95x Read Shard", x, ">=", 0.95,
+                         shown=H.times(x))
+
+
 def main() -> None:
-    args = H.main_args(__doc__.split("\n\n")[0], extra=lambda p: p.set_defaults(rounds=3))
+    def extra(p):
+        p.set_defaults(rounds=3)
+        p.add_argument("--no-mount", action="store_true", help="skip the measures through mounts")
+        p.add_argument("--only-mount", action="store_true", help="only the measures through mounts")
+
+    args = H.main_args(__doc__.split("\n\n")[0], extra=extra)
     count, sample = PLAN[0 if args.quick else 1]
     res = H.Results("mosaic", "MOSAIC files: shardfs's C reader against swh.mosaic's reader", args.quick, sys.argv[1:])
     paths, keys = build(count)
@@ -125,6 +203,16 @@ def main() -> None:
     res.text(f"{count:,} objects of 1..4096 B; passes of {sample:,} keys in random order; MOSAIC files written by "
              f"swh.mosaic's MosaicCreator (raw {os.path.getsize(paths['raw']) / 1e6:,.1f} MB, zstd level 3 "
              f"{os.path.getsize(paths['zstd']) / 1e6:,.1f} MB), Read Shard {os.path.getsize(paths['shard']) / 1e6:,.1f} MB.")
+    if not args.no_mount:
+        mix_count = MIX_PLAN[0 if args.quick else 1]
+        mix_paths, mix_keys = build(mix_count, "mix")
+        res.text(f"Through the mounts also {mix_count:,} objects of the `mix` dataset (MOSAIC raw "
+                 f"{os.path.getsize(mix_paths['raw']) / 1e6:,.1f} MB, zstd {os.path.getsize(mix_paths['zstd']) / 1e6:,.1f} MB).")
+        mount_part(res, args.rounds, {"small": (paths, keys),
+                                      "mix": (mix_paths, random.Random(2).sample(mix_keys, len(mix_keys)))})
+    if args.only_mount:
+        res.write()
+        return
     configs = [(comp, cache, how, reader) for comp in ("raw", "zstd") for cache in ("warm", "cold")
                for how in ("get", "get_batch") for reader in READERS]
 

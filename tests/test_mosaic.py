@@ -323,3 +323,55 @@ def test_mount_serves_mosaic_files_beside_read_shards(mosaics, mounter, tmp_path
     others = [o for o in m["objects"] if o[0] is not victim_keys][:20]
     for keys, _length, digest in others:
         assert hashlib.sha256((point / keys[at].hex()).read_bytes()).hexdigest() == digest
+
+
+def test_mount_reads_large_compressed_objects_in_pieces(mounter, tmp_path):
+    """Objects of several READs in a zstd MOSAIC file (swh's writer), read
+    through the mount whole by `cat` and in pieces at random offsets by 8
+    threads at once, then again after the mount's process let their
+    decoded copies go: every byte right (the first READ decodes an object
+    whole and stores the rest into the page cache; concurrent READs share
+    one decoding)."""
+    import concurrent.futures
+    import random
+
+    from swh.mosaic import IdxDescription, MosaicCreator
+
+    rng = random.Random(7)
+    sizes = [128 * 1024 + 1, 300_000, 1 << 20, 5 << 20, 3 << 20]
+    objects = []
+    for size in sizes:
+        text = b" ".join(rng.choice((b"mosaic", b"shard", b"heritage", b"%d" % rng.randrange(10**6)))
+                         for _ in range(size // 4))
+        objects.append(bytes(a ^ b for a, b in zip(text[:size], rng.randbytes(size))) if size % 2 else text[:size])
+    d = tmp_path / "dir"
+    d.mkdir()
+    creator = MosaicCreator(str(d / "big"), [IdxDescription.SHA256FMPHGO], compression_level=3)
+    for data in objects:
+        creator.add([hashlib.sha256(data).digest()], data)
+    creator.close()
+    point = mounter.mount([], tmp_path / "m", "--shard-dir", str(d), "--layout", "flat")
+    by_name = {hashlib.sha256(data).hexdigest(): data for data in objects}
+    for round_ in range(2):
+        pieces = [(name, rng.randrange(len(data)), rng.randrange(1, 400_000))
+                  for name, data in by_name.items() for _ in range(40)]
+        rng.shuffle(pieces)
+
+        def read(piece):
+            name, offset, length = piece
+            fd = os.open(point / name, os.O_RDONLY)
+            try:
+                return os.pread(fd, length, offset) == by_name[name][offset:offset + length]
+            finally:
+                os.close(fd)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(read, pieces)), f"round {round_}: a piece read other bytes"
+        for name, data in by_name.items():
+            proc = subprocess.run(["cat", str(point / name)], capture_output=True, timeout=60)
+            assert proc.returncode == 0 and proc.stdout == data
+        # the kernel's cached pages dropped: the next round reads through the mount again
+        for name in by_name:
+            fd = os.open(point / name, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)

@@ -86,6 +86,7 @@ struct sfs_shard {
     sfs_chd_t chd;        /* the perfect hash, parsed from the mapping */
     uint64_t live;        /* cached live count + 1; 0 = not counted yet */
     uint64_t map_size;    /* bytes mapped (munmap'ed by sfs_close) */
+    unsigned flags;       /* SFS_KIND_* of this source, set by open(), beside kind->flags */
     /* kind->state_size bytes of the kind's own, zeroed before open
      * (sfs_kind_state) */
     _Alignas(16) unsigned char state[];

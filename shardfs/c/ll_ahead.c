@@ -65,25 +65,29 @@ int ll_push(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64
 {
     if (n == 0)
         return -1;
-    pthread_once(&push_delay_once, push_delay_read);
-    int stored = -1;
     char *buf = malloc((size_t)n);
-    if (buf && g_read(shard, off, buf, (size_t)n) == SFS_OK) {
-        if (push_delay_ms) {
-            struct timespec t = {push_delay_ms / 1000, (long)(push_delay_ms % 1000) * 1000000L};
-            while (nanosleep(&t, &t) < 0 && errno == EINTR)
-                ;
-        }
-        struct fuse_bufvec bv = FUSE_BUFVEC_INIT((size_t)n);
-        bv.buf[0].mem = buf;
-        stored = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0) == 0 ? 0 : -1;
-        uint32_t number, slot;
-        uint64_t now_off, now_size;
-        if (!sfs_ll_object_inode(ino, &number, &slot) || slot >= sfs_slot_count(shard) ||
-            g_slot_object(shard, slot, &now_off, &now_size) != SFS_OK || now_off != off || now_size != size)
-            fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0); /* ENOENT: the kernel has no such inode */
-    }
+    int stored = buf && g_read(shard, off, buf, (size_t)n) == SFS_OK ? ll_store(s, shard, ino, off, size, buf, 0, n) : -1;
     free(buf);
+    return stored;
+}
+
+int ll_store(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t size, const char *bytes,
+             uint64_t at, uint64_t n)
+{
+    pthread_once(&push_delay_once, push_delay_read);
+    if (push_delay_ms) {
+        struct timespec t = {push_delay_ms / 1000, (long)(push_delay_ms % 1000) * 1000000L};
+        while (nanosleep(&t, &t) < 0 && errno == EINTR)
+            ;
+    }
+    struct fuse_bufvec bv = FUSE_BUFVEC_INIT((size_t)n);
+    bv.buf[0].mem = (void *)bytes;
+    int stored = fuse_lowlevel_notify_store(s->se, ino, (off_t)at, &bv, 0) == 0 ? 0 : -1;
+    uint32_t number, slot;
+    uint64_t now_off, now_size;
+    if (!sfs_ll_object_inode(ino, &number, &slot) || slot >= sfs_slot_count(shard) ||
+        g_slot_object(shard, slot, &now_off, &now_size) != SFS_OK || now_off != off || now_size != size)
+        fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0); /* ENOENT: the kernel has no such inode */
     return stored;
 }
 

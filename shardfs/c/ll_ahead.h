@@ -65,6 +65,13 @@ void ll_ahead_forget(struct ll_ahead *a);
  * landing in between gets the inode invalidated (ll_ahead.c). */
 int ll_push(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t size, uint64_t n);
 
+/* Store bytes [at, at + n) of that object, already read into `bytes`
+ * (bytes[0] is the object's byte `at`), into the kernel's page cache for
+ * `ino`, then read the slot again as ll_push does: 0, or -1 when the
+ * kernel refused. */
+int ll_store(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t size, const char *bytes,
+             uint64_t at, uint64_t n);
+
 /* After a read from the start of slot `slot` of shard `number` (answered;
  * `snap` held): when the reads of this process follow the shard's slot
  * order or its key order, push the next objects of that order (each of at

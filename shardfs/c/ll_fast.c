@@ -210,6 +210,12 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
     return 1;
 }
 
+/* The first READ of an object whose bytes are decoded (SFS_KIND_DECODES)
+ * decodes it whole when it is at most this large, answers its piece and
+ * stores the rest into the page cache: the READs that follow are served by
+ * the kernel instead of each decoding the object from its start. */
+#define LL_DECODE_WHOLE_MAX (128u << 20)
+
 int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t offset)
 {
     ll_snapshot_t *snap = offset < 0 ? NULL : fast_begin(s->fast);
@@ -217,21 +223,41 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
         return 0;
     ll_found_t found;
     enum ll_resolution res = ll_resolve_inode(snap, ino, 1, &found);
-    size_t n = 0;
+    size_t n = 0, len = 0;
     char *buf = NULL;
     int rc = SFS_OK, remote = 0;
+    sfs_shard_t *whole = NULL; /* the rest of the object is stored after the reply */
     if (res == LL_FOUND) {
-        n = sfs_ll_read_length(found.size, (uint64_t)offset, want);
-        buf = n ? malloc(n) : NULL;
-        rc = n && !buf ? SFS_ENOMEM : ll_resolve_read(&found, (uint64_t)offset, buf, n);
+        n = len = sfs_ll_read_length(found.size, (uint64_t)offset, want);
+        if (offset == 0 && n < found.size && found.size <= LL_DECODE_WHOLE_MAX &&
+            (sfs_kind_flags(found.shard) & SFS_KIND_DECODES)) {
+            /* a store waits for the locks of pages other READs are
+             * answering: a thread stays free to answer them (ll_ioctl) */
+            if (__atomic_add_fetch(&s->storing, 1, __ATOMIC_ACQ_REL) <= s->store_max)
+                len = found.size;
+            else
+                __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
+        }
+        buf = len ? malloc(len) : NULL;
+        rc = len && !buf ? SFS_ENOMEM : ll_resolve_read(&found, (uint64_t)offset, buf, len);
         remote = (sfs_kind_flags(found.shard) & SFS_KIND_REMOTE) != 0;
+        if (len > n && rc == SFS_OK)
+            whole = sfs_ref(found.shard);
+        else if (len > n)
+            __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
     }
     ll_snapshot_release(snap);
     int replied = 1;
     if (res != LL_FOUND)
         replied = reply_no_object(req, res);
-    else if (rc == SFS_OK)
+    else if (rc == SFS_OK) {
         fuse_reply_buf(req, buf, n);
+        if (whole) {
+            ll_store(s, whole, ino, found.offset, found.size, buf + n, n, found.size - n);
+            sfs_close(whole);
+            __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
+        }
+    }
     else if (rc == SFS_ENOMEM)
         fuse_reply_err(req, ENOMEM);
     else if (rc == SFS_EIO && remote)

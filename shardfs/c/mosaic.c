@@ -790,7 +790,14 @@ int sfs_mosaic_object(const sfs_mosaic_t *m, uint64_t object, uint64_t *data,
     return SFS_OK;
 }
 
-/* madvise(MADV_WILLNEED) of [pos, pos + len) of the mapping, clipped to it. */
+/* Bytes asked per madvise(MADV_WILLNEED): the kernel reads at most its
+ * read-ahead size per call (force_page_cache_ra: max(io_pages, ra_pages),
+ * 128 KiB by default) and drops the rest of a longer range. */
+#define WILL_NEED_STEP (128u << 10)
+
+/* madvise(MADV_WILLNEED) of [pos, pos + len) of the mapping, clipped to
+ * it, WILL_NEED_STEP bytes per call: every read is started, none waited
+ * for. */
 static void will_need(const sfs_mosaic_t *m, uint64_t pos, uint64_t len)
 {
     if (pos >= m->map_size)
@@ -798,8 +805,9 @@ static void will_need(const sfs_mosaic_t *m, uint64_t pos, uint64_t len)
     if (len > m->map_size - pos)
         len = m->map_size - pos;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t start = (uintptr_t)(m->map + pos) & ~(page - 1);
-    madvise((void *)start, (uintptr_t)(m->map + pos + len) - start, MADV_WILLNEED);
+    uintptr_t start = (uintptr_t)(m->map + pos) & ~(page - 1), end = (uintptr_t)(m->map + pos + len);
+    for (uintptr_t at = start; at < end; at += WILL_NEED_STEP)
+        madvise((void *)at, end - at < WILL_NEED_STEP ? end - at : WILL_NEED_STEP, MADV_WILLNEED);
 }
 
 void sfs_mosaic_prefetch_entry(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len)
@@ -987,6 +995,11 @@ int sfs_mosaic_object_size(const sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, uint64_
             *exact = 1;
         return SFS_OK;
     }
+    if (stored > 4096)
+        /* the frames' block headers and checksums lie across the object:
+         * one read of it all instead of a page fault per header (the
+         * mapping is MADV_RANDOM), which the read of its bytes needs next */
+        will_need(m, data, stored);
     unsigned long long declared = frames_content_size(m->map + data, (size_t)stored);
     if (declared == ZSTD_CONTENTSIZE_ERROR)
         return CORRUPT("%s: object at byte %llu: its %llu bytes are not zstd frames", m->path,

@@ -217,7 +217,7 @@ void sfs_close(sfs_shard_t *s)
 
 const sfs_header_t *sfs_header(const sfs_shard_t *s) { return &s->header; }
 const char *sfs_kind_name(const sfs_shard_t *s) { return s->kind->name; }
-unsigned sfs_kind_flags(const sfs_shard_t *s) { return s->kind->flags; }
+unsigned sfs_kind_flags(const sfs_shard_t *s) { return s->kind->flags | s->flags; }
 const char *sfs_path(const sfs_shard_t *s) { return s->path; }
 int sfs_fd(const sfs_shard_t *s) { return s->fd; }
 uint64_t sfs_slot_count(const sfs_shard_t *s) { return s->slots; }

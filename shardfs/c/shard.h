@@ -245,8 +245,14 @@ const char *sfs_kind_name(const sfs_shard_t *shard);
  * page cache, so a read done only to warm a cache (a FUSE store) costs a
  * network round trip. */
 #define SFS_KIND_REMOTE 0x1u
+/* Object bytes are decoded (a zstd-compressed MOSAIC file): a read at
+ * offset N of an object decodes its first N bytes too, so an object read
+ * in several pieces costs O(size^2 / piece); read it whole once (the C
+ * request path then stores the rest into the page cache: ll_fast_read). */
+#define SFS_KIND_DECODES 0x2u
 
-/* The SFS_KIND_* flags of the shard's kind. Never changes once open. */
+/* The SFS_KIND_* flags of the shard: its kind's, and those its kind set
+ * for this source at open (SFS_KIND_DECODES). Never changes once open. */
 unsigned sfs_kind_flags(const sfs_shard_t *shard);
 
 /* For a source reached through a connection (an rbd: source), the one-line

@@ -441,6 +441,18 @@ out:
     return NULL;
 }
 
+typedef struct {
+    pair_t *pairs;
+    size_t count, max;
+} own_t;
+
+static void own_emit(void *ctx, const uint8_t *digest, uint32_t slot)
+{
+    own_t *o = ctx;
+    if (o->count < o->max)
+        o->pairs[o->count++] = (pair_t){top64(digest), slot};
+}
+
 int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_IDENTITY_SIZE],
                         const char *const paths[2], int (*progress)(void *ctx, uint64_t done),
                         void *ctx, sfs_error_t *err)
@@ -479,6 +491,29 @@ int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_
             rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", name);
             goto out;
         }
+    /* the digests the source's own index gives (a MOSAIC file's), no
+     * object read for them */
+    size_t counts[2] = {n, n};
+    for (int k = 0; k < 2; k++) {
+        own_t own = {pairs[k], 0, n};
+        int got = pairs[k] ? sfs_own_digests(shard, k == 0 ? SFS_HASH_SHA1 : SFS_HASH_SHA1_GIT, own_emit, &own)
+                           : SFS_ENOTFOUND;
+        if (got == SFS_ENOMEM) {
+            rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", name);
+            goto out;
+        }
+        if (got == SFS_OK) {
+            counts[k] = own.count;
+            rc = write_pairs(paths[k], k == 0 ? SFS_HASH_SHA1 : SFS_HASH_SHA1_GIT, identity, slots, pairs[k],
+                             counts[k], err);
+            free(pairs[k]);
+            pairs[k] = NULL;
+            if (rc != SFS_OK)
+                goto out;
+        }
+    }
+    if (!pairs[0] && !pairs[1])
+        goto out; /* every index asked for came from the source's own */
     /* One part per CPU (at most BUILD_THREADS), cut by bytes so that each
      * reads and hashes about as much, each a sequential stream. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -109,6 +109,11 @@ int sfs_reopen_for_index(const sfs_shard_t *shard, int *fd, sfs_error_t *err);
  * empty slot then has a zero key). Results as sfs_pread_full. */
 int sfs_index_read(const sfs_shard_t *shard, int fd, uint64_t first, uint64_t count, uint8_t *buf);
 
+/* The digests of `hash` (1 sha1, 2 sha1_git) the shard's source's own
+ * index gives (kind.h, own_digests): SFS_ENOTFOUND when it gives none. */
+int sfs_own_digests(const sfs_shard_t *shard, int hash, void (*emit)(void *ctx, const uint8_t *digest, uint32_t slot),
+                    void *ctx);
+
 /* The (offset, length) byte ranges of the shard's source that identify it,
  * for a kind that says which (kind.h, identity_ranges): how many were
  * filled (<= max); 0 for a Read Shard (sidecar.py probes it itself). */

@@ -201,6 +201,17 @@ struct sfs_kind {
     uint64_t (*slot_of)(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE]);
     uint64_t (*slot_entry)(const sfs_shard_t *s, uint64_t slot, uint8_t key_out[SFS_KEY_SIZE]);
 
+    /* Optional. For a source whose own index gives each object's digest
+     * of `hash` (1: sha1, 2: sha1_git: enum sfs_hash_kind, hashindex.h), a
+     * MOSAIC file with such an index: emit(ctx, digest, slot) for every
+     * live object of the source's own index (20-byte digest, the slot
+     * find gives its key), reading no object; SFS_OK, SFS_ENOTFOUND when
+     * it has no such index, SFS_ENOMEM. A hash index is then built from
+     * them instead of by hashing every object (sfs_hashindex_build).
+     * NULL: none. */
+    int (*own_digests)(const sfs_shard_t *s, int hash, void (*emit)(void *ctx, const uint8_t *digest, uint32_t slot),
+                       void *ctx);
+
     /* Optional. The byte ranges of the source that identify it (the
      * sidecar's identity, shardfs/sidecar.py): what no deletion changes.
      * Fills up to `max` (offset, length) pairs, returns how many. NULL:

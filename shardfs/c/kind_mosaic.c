@@ -335,7 +335,7 @@ static int read_object(const sfs_shard_t *s, uint64_t slot, uint64_t within, voi
         sfs_mosaic_prefetch_object(st->m, object, data - object + stored);
     if (rc == SFS_OK && sfs_mosaic_info(st->m)->compression != SFS_MOSAIC_NONE &&
         sfs_mosaic_object_size(st->m, sfs_mosaic_thread_ctx(st->m), object, &size, NULL, NULL) == SFS_OK &&
-        size > CACHE_OBJECT_MIN && size <= CACHE_BYTES / 2 &&
+        size > CACHE_OBJECT_MIN && size <= CACHE_BYTES / 2 && length < size &&
         cache_read(st->m, object, size, within, dst, length) == SFS_OK)
         return SFS_OK;
     if (rc == SFS_OK)
@@ -409,6 +409,47 @@ static ssize_t mosaic_source_read(const sfs_shard_t *s, int fd, void *buf, size_
     return (ssize_t)done;
 }
 
+typedef struct {
+    uint64_t object;
+    uint32_t slot;
+} placed_t;
+
+static int by_object(const void *a, const void *b)
+{
+    uint64_t x = ((const placed_t *)a)->object, y = ((const placed_t *)b)->object;
+    return x < y ? -1 : x > y;
+}
+
+/* The file's own sha1 or sha1_git index, mapped to sha256 slots through
+ * the object each entry names (both entries name the same Object element). */
+static int mosaic_own_digests(const sfs_shard_t *s, int hash, void (*emit)(void *ctx, const uint8_t *digest, uint32_t slot),
+                              void *ctx)
+{
+    const mosaic_state_t *st = state_of(s);
+    int x = sfs_mosaic_find_index(st->m, hash == 1 ? SFS_MOSAIC_SHA1 : hash == 2 ? SFS_MOSAIC_SHA1_GIT : -1);
+    if (x < 0)
+        return SFS_ENOTFOUND;
+    uint64_t n = 0, own = sfs_mosaic_index(st->m, (size_t)x)->slots;
+    placed_t *placed = malloc((s->slots ? s->slots : 1) * sizeof(*placed));
+    if (!placed)
+        return SFS_ENOMEM;
+    for (uint64_t i = 0; i < s->slots; i++)
+        if (sfs_mosaic_slot(st->m, st->index, i, NULL, &placed[n].object, NULL) == SFS_OK)
+            placed[n++].slot = (uint32_t)i;
+    qsort(placed, n, sizeof(*placed), by_object);
+    uint8_t digest[20];
+    for (uint64_t i = 0; i < own; i++) {
+        placed_t want;
+        if (sfs_mosaic_slot(st->m, (size_t)x, i, digest, &want.object, NULL) != SFS_OK)
+            continue; /* deleted */
+        const placed_t *at = bsearch(&want, placed, n, sizeof(*placed), by_object);
+        if (at)
+            emit(ctx, digest, at->slot);
+    }
+    free(placed);
+    return SFS_OK;
+}
+
 /* The sha256 index's GOFunction and the EBML header: no deletion changes
  * them (updater: Void elements over objects and entries, new CRC-32s and
  * counters), a copy of the file has them. */
@@ -450,4 +491,5 @@ const sfs_kind_t sfs_kind_mosaic = {
     .slot_of = mosaic_slot_of,
     .slot_entry = mosaic_slot_entry,
     .identity_ranges = mosaic_identity_ranges,
+    .own_digests = mosaic_own_digests,
 };

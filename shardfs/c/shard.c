@@ -736,6 +736,12 @@ int sfs_index_read(const sfs_shard_t *s, int fd, uint64_t first, uint64_t count,
     return 0;
 }
 
+int sfs_own_digests(const sfs_shard_t *s, int hash, void (*emit)(void *ctx, const uint8_t *digest, uint32_t slot),
+                    void *ctx)
+{
+    return s->kind->own_digests ? s->kind->own_digests(s, hash, emit, ctx) : SFS_ENOTFOUND;
+}
+
 size_t sfs_identity_ranges(const sfs_shard_t *s, uint64_t *offsets, uint64_t *lengths, size_t max)
 {
     return s->kind->identity_ranges ? s->kind->identity_ranges(s, offsets, lengths, max) : 0;

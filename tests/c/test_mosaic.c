@@ -1217,6 +1217,30 @@ static void test_large_flips(const manifest_t *mf)
     free(orig);
 }
 
+typedef struct {
+    const manifest_t *mf;
+    const sfs_shard_t *s;
+    int sha256, hash; /* manifest index numbers */
+    size_t count, wrong;
+} own_seen_t;
+
+/* One digest of sfs_own_digests: it must be the digest of the manifest
+ * object whose sha256 key the shard finds at `slot`. */
+static void own_check(void *ctx, const uint8_t *digest, uint32_t slot)
+{
+    own_seen_t *o = ctx;
+    o->count++;
+    for (size_t i = 0; i < o->mf->n_objs; i++)
+        if (!memcmp(o->mf->objs[i].keys[o->hash], digest, 20)) {
+            uint32_t at;
+            uint64_t off, size;
+            if (sfs_lookup_slot(o->s, o->mf->objs[i].keys[o->sha256], &at, &off, &size) != SFS_OK || at != slot)
+                o->wrong++;
+            return;
+        }
+    o->wrong++;
+}
+
 /* The file as a shard (kind_mosaic.c): sfs_open recognizes it by its
  * content and serves it by its sha256 index as a Read Shard view: every
  * live object by key and by slot, whole and in pieces, byte-identical to
@@ -1297,6 +1321,18 @@ static void test_kind(const manifest_t *mf)
         uint32_t slot;
         rc = sfs_lookup_slot(s, mf->absent[i].key, &slot, &off, &size);
         CHECK(rc == SFS_ENOTFOUND, "%s: absent %zu: rc %d", mf->file, i, rc);
+    }
+    /* the digests of the file's own sha1 and sha1_git indexes, by slot */
+    for (int hash = 1; hash <= 2; hash++) {
+        int h = -1;
+        for (int i = 0; i < mf->n_indexes; i++)
+            if (!strcmp(mf->index_names[i], hash == 1 ? "sha1" : "sha1_git"))
+                h = i;
+        own_seen_t seen_own = {mf, s, x, h, 0, 0};
+        rc = sfs_own_digests(s, hash, own_check, &seen_own);
+        CHECK(h < 0 ? rc == SFS_ENOTFOUND : rc == SFS_OK && seen_own.count == mf->n_objs && seen_own.wrong == 0,
+              "%s: own digests %d: rc %d, %zu emitted (%zu wrong), %zu objects", mf->file, hash, rc,
+              seen_own.count, seen_own.wrong, mf->n_objs);
     }
     uint64_t live = 0;
     for (uint64_t i = 0; i < slots; i++)

@@ -20,6 +20,7 @@ from mounting import SHARDFS, run
 
 from shardfs.errors import CorruptShardError
 from shardfs.mosaic import MosaicFile, is_mosaic
+from shardfs.shard import Shard
 
 FIXTURES = Path(__file__).with_name("mosaic_fixtures.py")
 FILES = ["raw", "zstd", "zstd_dict", "deleted", "deleted_zstd", "empty", "small", "small_zstd"]
@@ -146,6 +147,10 @@ def test_damaged_files_get_one_line_errors(mosaics, tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         with pytest.raises((CorruptShardError, OSError)):
             MosaicFile(str(bad))
+        if cut >= 4:  # EBML's magic is there: a MOSAIC file cut short
+            with pytest.raises(CorruptShardError) as refused:
+                Shard(str(bad))
+            assert "\n" not in str(refused.value) and "bad magic" not in str(refused.value)
     # One byte of an object flipped (raw: stored as it is): check names the
     # Tile whose CRC-32 no longer matches; the object read gives other
     # bytes than the manifest's, so check --hash names its key too.

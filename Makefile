@@ -9,24 +9,25 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 APT_PACKAGES := git libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc make python3-venv python3-dev rsync fio \
 	clang libclang-rt-dev llvm valgrind squashfuse squashfs-tools erofs-utils time \
-	postgresql libpq-dev libsystemd-dev ceph-mon ceph-osd ceph-common rbd-fuse librbd-dev libzstd-dev zlib1g-dev
+	postgresql libpq-dev libsystemd-dev ceph-mon ceph-osd ceph-common rbd-fuse librbd-dev libzstd-dev zlib1g-dev \
+	libcurl4-openssl-dev radosgw
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
-	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto) -lzstd -lz
+	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto) -lzstd -lz -lcurl
 # The test oracle of the MOSAIC perfect hash (shardfs/c/ph/: Rust, the ph
 # crate itself) needs cargo >= 1.78, as on the machines CI runs on.
 CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
 	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c shardfs/c/rbd.c \
-	shardfs/c/kind_file.c shardfs/c/kind_rbd.c shardfs/c/kind_mosaic.c shardfs/c/mosaic.c shardfs/c/gof.c
+	shardfs/c/kind_file.c shardfs/c/kind_rbd.c shardfs/c/kind_mosaic.c shardfs/c/remote_copy.c shardfs/c/s3.c shardfs/c/kind_s3.c shardfs/c/mosaic.c shardfs/c/gof.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h shardfs/c/ll.h \
 	shardfs/c/ll_fast.c shardfs/c/ll_snapshot.c shardfs/c/ll_snapshot.h shardfs/c/ll_resolve.c shardfs/c/ll_resolve.h \
 	shardfs/c/ll_guarded.h shardfs/c/ll_ahead.c shardfs/c/ll_ahead.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
 	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h shardfs/c/kind.h \
-	shardfs/c/mosaic.h shardfs/c/ph.h
+	shardfs/c/mosaic.h shardfs/c/ph.h shardfs/c/remote_copy.h shardfs/c/s3.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-ph test-py bench bench-full clean \
 	test-asan test-tsan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage

@@ -23,7 +23,7 @@ def pkg_config(flag, package, default):
 cflags = pkg_config("--cflags-only-I", "cmph", []) + pkg_config("--cflags-only-I", "fuse3", ["-I/usr/include/fuse3"])
 libs = (pkg_config("--libs", "cmph", ["-lcmph"]) + pkg_config("--libs", "libcrypto", ["-lcrypto"])
         + pkg_config("--libs", "fuse3", ["-lfuse3"]) + pkg_config("--libs", "libzstd", ["-lzstd"])
-        + pkg_config("--libs", "zlib", ["-lz"]) + ["-lpthread"])
+        + pkg_config("--libs", "zlib", ["-lz"]) + pkg_config("--libs", "libcurl", ["-lcurl"]) + ["-lpthread"])
 
 # librbd is optional: with its headers, rbd:POOL/IMAGE sources (shardfs/c/rbd.h);
 # librados and librbd themselves are loaded (dlopen) at the first such source.
@@ -37,14 +37,16 @@ extension = Extension(
     # py_*.c file per type (py_module.h).
     sources=["shardfs/c/shard.c", "shardfs/c/chd.c", "shardfs/c/chd_build.c", "shardfs/c/writer.c",
              "shardfs/c/sidecar.c", "shardfs/c/output.c", "shardfs/c/gindex.c", "shardfs/c/hashindex.c",
-             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/kind_file.c", "shardfs/c/kind_rbd.c", "shardfs/c/kind_mosaic.c",
+             "shardfs/c/guard.c", "shardfs/c/rbd.c", "shardfs/c/kind_file.c", "shardfs/c/kind_rbd.c", "shardfs/c/kind_mosaic.c", "shardfs/c/remote_copy.c",
+             "shardfs/c/s3.c", "shardfs/c/kind_s3.c",
              "shardfs/c/ll_names.c", "shardfs/c/ll_fast.c", "shardfs/c/ll_ahead.c", "shardfs/c/ll_snapshot.c",
              "shardfs/c/ll_resolve.c", "shardfs/c/mosaic.c", "shardfs/c/gof.c",
              "shardfs/c/module.c"] + sorted(glob.glob("shardfs/c/py_*.c")),
     depends=["shardfs/c/guard.h", "shardfs/c/shard.h", "shardfs/c/sidecar.h",
              "shardfs/c/gindex.h", "shardfs/c/internal.h", "shardfs/c/chd.h",
              "shardfs/c/py_module.h", "shardfs/c/ll.h", "shardfs/c/ll_names.h", "shardfs/c/rbd.h", "shardfs/c/kind.h",
-             "shardfs/c/mosaic.h", "shardfs/c/ph.h"],
+             "shardfs/c/mosaic.h", "shardfs/c/ph.h", "shardfs/c/remote_copy.h",
+             "shardfs/c/s3.h"],
     define_macros=[("SFS_HAVE_RBD", "1")] if rbd else [],
     include_dirs=["shardfs/c"] + [f[2:] for f in cflags],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

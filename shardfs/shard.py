@@ -14,7 +14,7 @@ import os
 from collections import namedtuple
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import _shardfs, rbd
+from . import _shardfs, rbd, s3
 from .errors import CorruptShardError, DuplicateKeyError, ShardError
 
 #: Format constants, defined once in the C core (``shardfs/c/shard.h``):
@@ -79,6 +79,12 @@ def normalize_key(key: Key) -> bytes:
     raise ValueError(f"invalid key of type {type(key).__name__}: expected bytes or str")
 
 
+def is_remote_source(path: object) -> bool:
+    """Whether `path` names a shard read over a network (``rbd:POOL/IMAGE``,
+    ``s3://BUCKET/KEY``) rather than a file or block device."""
+    return rbd.is_source(path) or s3.is_source(path)
+
+
 class Shard:
     """A Read Shard opened for reading (``writable=True`` also allows delete),
     or a MOSAIC file (Software Heritage's format, recognized by its first
@@ -99,6 +105,8 @@ class Shard:
         self.path = os.fspath(path)
         if rbd.is_source(self.path):
             rbd.ensure_configured()
+        elif s3.is_source(self.path):
+            s3.ensure_configured()
         self._reader = _shardfs.Reader(self.path, writable)
         try:
             #: the file's mtime, seconds (an rbd: source: its local copy's)

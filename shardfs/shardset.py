@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from shardfs import Shard, normalize_key
 from shardfs import rbd
+from shardfs.shard import is_remote_source
 from shardfs import sidecar as sidecar_mod
 from shardfs import _shardfs
 from shardfs._shardfs import OpenShards, SidecarSet
@@ -449,7 +450,7 @@ class ShardSet:
         self.open_shards.make_room()
         shard = Shard(member.source or member.path)
         try:
-            if (member.source is None and not rbd.is_source(member.path)
+            if (member.source is None and not is_remote_source(member.path)
                     and file_ident(os.fstat(shard.fileno())) != member.ident):
                 raise OSError(errno.ESTALE, f"{member.path}: replaced by another file since it was mounted")
             if shard.header.objects_count != member.objects_count or shard.extent != member.extent:
@@ -841,7 +842,7 @@ class ShardSet:
         stats: Dict[str, Tuple[Optional[Tuple[int, int, int]], Tuple[int, int]]] = {}
         retry = (0, int(time.monotonic() // RBD_RETRY_SECONDS))
         for path in candidates:
-            if rbd.is_source(path):  # listed, or named at mount
+            if is_remote_source(path):  # listed, or named at mount
                 stats[path] = (None, retry)
                 continue
             try:

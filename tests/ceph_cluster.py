@@ -13,6 +13,7 @@ process, stopped by PID, and their directory removed, whatever happens.
     with CephCluster(tmp_path) as ceph:
         ceph.rbd("import", "a.shard", "shards/a")
         ceph.env  # CEPH_CONF for clients
+        endpoint = ceph.start_rgw()  # an S3 server (radosgw) on the cluster
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ POOL = "shards"
 def available() -> bool:
     """Whether the Ceph daemons and tools are installed."""
     return all(shutil.which(t) for t in ("ceph-mon", "ceph-osd", "ceph", "rbd", "monmaptool"))
+
+
+def rgw_available() -> bool:
+    """Whether Ceph's S3 server (Debian's ``radosgw``) is installed too."""
+    return available() and all(shutil.which(t) for t in ("radosgw", "radosgw-admin"))
+
+
+#: The S3 user the tests' radosgw has (`CephCluster.start_rgw`).
+S3_ACCESS_KEY, S3_SECRET_KEY = "shardfs-test", "shardfs-test-secret"
 
 
 def _free_port_range(count: int) -> int:
@@ -225,6 +235,36 @@ admin_socket =
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+    def start_rgw(self) -> str:
+        """Ceph's S3 server on this cluster (radosgw's beast frontend on
+        127.0.0.1, with tcp_nodelay=1: without it every request of a
+        kept-alive client waits ~45 ms for a delayed ACK), its pools made on
+        first start, and a user with keys S3_ACCESS_KEY/S3_SECRET_KEY;
+        returns its endpoint URL once it answers. Stopped with the cluster
+        (by PID)."""
+        with socket.socket() as t:
+            t.bind(("127.0.0.1", 0))
+            port = t.getsockname()[1]
+        (self.dir / "rgw").mkdir(exist_ok=True)
+        self._daemon("rgw", ["radosgw", "-f", "-n", "client.rgw.a", "--rgw-data", str(self.dir / "rgw"),
+                             "--rgw-frontends", f"beast endpoint=127.0.0.1:{port} tcp_nodelay=1",
+                             "--rgw-dns-name", "127.0.0.1"])
+        endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if self.procs["rgw"].poll() is not None:
+                    raise RuntimeError(f"radosgw exited: {self.tail('rgw')}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"radosgw did not answer within {START_TIMEOUT} s: {self.tail('rgw')}")
+                time.sleep(0.1)
+        self.run("radosgw-admin", "-n", "client.admin", "user", "create", "--uid", "shardfs-test", "--display-name",
+                 "shardfs tests", "--access-key", S3_ACCESS_KEY, "--secret", S3_SECRET_KEY)
+        return endpoint
 
     def tail(self, name: str) -> str:
         try:

@@ -193,6 +193,20 @@ def mount_fails(args: Sequence[str], *needles: str) -> str:
     return line
 
 
+def files_by_key(sources: Sequence[str]) -> Dict[str, str]:
+    """{SHA-256 hex: path} of the regular files under the directories
+    `sources` (symbolic links left out): what `shardfs create` of them
+    holds."""
+    out = {}
+    for source in sources:
+        for root, _, names in os.walk(source):
+            for name in names:
+                path = os.path.join(root, name)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    out[hashlib.sha256(Path(path).read_bytes()).hexdigest()] = path
+    return out
+
+
 def key_of(data: bytes) -> str:
     """The shard key of `data`: its SHA-256, in hex."""
     return hashlib.sha256(data).hexdigest()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from ceph_cluster import POOL, CephCluster, available
-from mounting import SHARDFS, mounted, run, wait_until
+from mounting import SHARDFS, files_by_key, mounted, run, wait_until
 
 pytestmark = pytest.mark.skipif(not available(), reason="Ceph is not installed (make test installs it)")
 
@@ -43,14 +43,7 @@ def rbd_fuse(ceph, tmp_path):
 
 
 def _files() -> dict:
-    out = {}
-    for source in SOURCES:
-        for root, _, names in os.walk(source):
-            for name in names:
-                path = os.path.join(root, name)
-                if os.path.isfile(path) and not os.path.islink(path):
-                    out[hashlib.sha256(Path(path).read_bytes()).hexdigest()] = path
-    return out
+    return files_by_key(SOURCES)
 
 
 def test_a_shard_in_an_rbd_image_is_read_through_rbd_fuse(ceph, rbd_fuse, tmp_path, mounter):

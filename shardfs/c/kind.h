@@ -227,6 +227,7 @@ struct sfs_kind {
 /* The kinds, in the order sfs_open() asks them to claim a source; the
  * file kind, which claims any, last. */
 extern const sfs_kind_t sfs_kind_rbd;    /* kind_rbd.c */
+extern const sfs_kind_t sfs_kind_s3;     /* kind_s3.c: "s3://BUCKET/KEY" */
 extern const sfs_kind_t sfs_kind_file;   /* kind_file.c */
 extern const sfs_kind_t sfs_kind_mosaic; /* kind_mosaic.c: a file whose first bytes are EBML's
                                           * magic, handed over by the file kind (SFS_EKIND) */

@@ -234,6 +234,9 @@ static PyMethodDef module_functions[] = {
      "write_hash_index(path, kind, identity32, slot_count, digests, slots): write a hash index "
      "(kind 1 sha1, 2 sha1_git) from 20-byte digests (concatenated) and their slots (native u32, "
      "array('I')), in any order. ValueError for a slot >= slot_count; OSError."},
+    {"s3_configure", (PyCFunction)(void (*)(void))s3_configure, METH_VARARGS | METH_KEYWORDS,
+     "s3_configure(endpoint=None, region=None, timeout=0, cache_dir=None): S3 settings over the AWS_* "
+     "environment variables, for the connections made after it (s3.h)."},
     {"rbd_configure", (PyCFunction)(void (*)(void))rbd_configure, METH_VARARGS | METH_KEYWORDS,
      "rbd_configure(conf=None, id=None, cache_dir=None, timeout=0, isolate=False): settings for "
      "rbd:POOL/IMAGE sources in this process (see shardfs/c/rbd.h): the ceph.conf path, the "

@@ -262,6 +262,7 @@ PyObject *write_hash_index(PyObject *module, PyObject *args, PyObject *kwds);
 
 /* rbd_configure, rbd_list (py_rbd.c). */
 PyObject *rbd_configure(PyObject *module, PyObject *args, PyObject *kwds);
+PyObject *s3_configure(PyObject *module, PyObject *args, PyObject *kwds);
 PyObject *rbd_list(PyObject *module, PyObject *pool);
 PyObject *rbd_open_images(PyObject *module, PyObject *unused);
 PyObject *write_global_index(PyObject *module, PyObject *args, PyObject *kwds);

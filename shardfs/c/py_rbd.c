@@ -1,7 +1,10 @@
 /* py_rbd.c — _shardfs.rbd_configure() and _shardfs.rbd_list(): the
- * process-wide librbd settings and pool listings of rbd.h. */
+ * process-wide librbd settings and pool listings of rbd.h; and
+ * _shardfs.s3_configure(), the S3 settings of s3.h (the other remote
+ * kind). */
 #include "py_module.h"
 #include "rbd.h"
+#include "s3.h"
 
 /* rbd_configure(conf=None, id=None, cache_dir=None, timeout=0, isolate=False, max_images=0) */
 PyObject *rbd_configure(PyObject *mod, PyObject *args, PyObject *kw)
@@ -56,4 +59,17 @@ PyObject *rbd_list(PyObject *mod, PyObject *arg)
 PyObject *rbd_open_images(PyObject *mod, PyObject *unused)
 {
     return PyLong_FromSize_t(sfs_rbd_open_images());
+}
+
+/* s3_configure(endpoint=None, region=None, timeout=0, cache_dir=None) */
+PyObject *s3_configure(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"endpoint", "region", "timeout", "cache_dir", NULL};
+    const char *endpoint = NULL, *region = NULL, *cache_dir = NULL;
+    unsigned int timeout = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzIz", names, &endpoint, &region, &timeout, &cache_dir))
+        return NULL;
+    if (sfs_s3_configure(endpoint, region, timeout, cache_dir) != SFS_OK)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
 }

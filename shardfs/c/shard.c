@@ -157,7 +157,7 @@ int sfs_validate_header(sfs_shard_t *s, const uint8_t raw[SFS_HEADER_END], sfs_e
 
 /* The kinds of source (kind.h), in the order they are asked to claim one:
  * the file kind, which claims any, last. */
-static const sfs_kind_t *const sfs_kinds[] = {&sfs_kind_rbd, &sfs_kind_file};
+static const sfs_kind_t *const sfs_kinds[] = {&sfs_kind_rbd, &sfs_kind_s3, &sfs_kind_file};
 
 static int open_kind(const sfs_kind_t *kind, const char *path, int writable, sfs_shard_t **out, sfs_error_t *err);
 

@@ -71,6 +71,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 from shardfs import rbd
+from shardfs.shard import is_remote_source
 from shardfs import sidecar as sidecar_mod
 from shardfs.errors import ShardError
 from shardfs.fuse import worker as worker_mod
@@ -633,8 +634,8 @@ class Coordinator:
         if self.shards.shard_dir is not None and not rbd.is_source(self.shards.shard_dir):
             directories.append(self.shards.shard_dir)
         for path in self.shards.pinned:
-            if rbd.is_source(path):
-                continue  # an RBD image: no file to watch (a pool is polled: _poll_pool)
+            if is_remote_source(path):
+                continue  # an RBD image or an S3 object: no file to watch (a pool is polled: _poll_pool)
             d = os.path.dirname(path)
             if d not in directories:
                 try:
@@ -966,7 +967,7 @@ class Coordinator:
         table: Dict[str, object] = {"shards": [
             {"number": m.number, "path": m.path, "ident": m.ident, "objects_count": m.objects_count,
              "slot_count": m.slot_count, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
-             "removed": m.removed, "fd": m.held.fileno() if m.held is not None and not rbd.is_source(m.path) else None,
+             "removed": m.removed, "fd": m.held.fileno() if m.held is not None and not is_remote_source(m.path) else None,
              "sidecar_dir": m.sidecar_dir, "live_count": m.live_count, "hashes": list(m.hashes)}
             for _, m in sorted(self.shards.shards.items())
         ]}

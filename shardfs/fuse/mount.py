@@ -481,8 +481,9 @@ def mount_shards(
     the daemon's error if it could not mount.
     """
     from shardfs import rbd
+    from shardfs.shard import is_remote_source
 
-    shard_paths = [p if rbd.is_source(p) else os.path.abspath(p) for p in shard_paths]
+    shard_paths = [p if is_remote_source(p) else os.path.abspath(p) for p in shard_paths]
     if winery is not None and (shard_paths or shard_dir is not None):
         raise _shard_error("--winery mounts a winery database: give no SHARD paths nor --shard-dir with it")
     if winery is not None:

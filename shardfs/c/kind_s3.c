@@ -1,0 +1,118 @@
+/*
+ * kind_s3.c — the "s3" kind (kind.h): a Read Shard that is an object of an
+ * S3 bucket, source "s3://BUCKET/KEY" (s3.h, docs/s3.md).
+ *
+ * Its header, index and hash sections and every slot's object size are in
+ * a local copy (remote_copy.h) in the cache directory, named by the
+ * object's identity: <cache>/s3/<bucket>/<key>.<ETag>-<size>.copy, so a
+ * lookup never asks the server and an object replaced under its key gets
+ * a copy of its own. Only the bytes of objects are read from the server:
+ * one ranged GET each, carrying If-Match with the copied ETag (a replaced
+ * object fails with ESTALE, never gives another object's bytes). Flag
+ * SFS_KIND_REMOTE: those reads cross the network.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "kind.h"
+#include "remote_copy.h"
+#include "s3.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The kind's state: remote_copy.h's, conn the S3 connection (sfs_s3_t). */
+static inline sfs_remote_state_t *state_of(const sfs_shard_t *s) { return sfs_kind_state(s); }
+
+static int s3_claims(const char *source) { return sfs_is_s3_source(source); }
+
+static int64_t copy_pread(void *conn, void *buf, size_t len, uint64_t off) { return sfs_s3_pread(conn, buf, len, off); }
+
+static int copy_pread_many(void *conn, size_t n, const uint64_t *offs, const size_t *lens, void *const *bufs,
+                           int64_t *got)
+{
+    return sfs_s3_pread_many(conn, n, offs, lens, bufs, got);
+}
+
+static const sfs_remote_ops_t s3_copy_ops = {copy_pread, copy_pread_many};
+
+/* `in` with every byte outside [A-Za-z0-9._-] written %XX, into out. */
+static int name_part(const char *in, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
+        int plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                    *p == '.' || *p == '_' || *p == '-';
+        if (n + 4 >= cap)
+            return -1;
+        n += (size_t)(plain ? snprintf(out + n, cap - n, "%c", *p) : snprintf(out + n, cap - n, "%%%02X", *p));
+    }
+    out[n] = 0;
+    return 0;
+}
+
+static int s3_open(sfs_shard_t *s, sfs_error_t *err)
+{
+    sfs_remote_state_t *st = state_of(s);
+    const char *src = s->path, *cache = sfs_s3_cache_dir();
+    if (s->writable)
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: S3 objects are opened read-only", src);
+    st->ops = &s3_copy_ops;
+    sfs_s3_t *s3 = NULL;
+    int rc = sfs_s3_new(src, &s3, err);
+    st->conn = s3;
+    if (rc != SFS_OK)
+        return rc;
+    if (!cache)
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: no cache directory for its local copy", src);
+    uint64_t size;
+    char etag[SFS_S3_ETAG_MAX];
+    if ((rc = sfs_s3_head(s3, &size, etag, err)) != SFS_OK)
+        return rc;
+    char bucket[600], key[1500], tag[400], copy_path[4096];
+    if (name_part(sfs_s3_bucket(s3), bucket, sizeof(bucket)) < 0 ||
+        name_part(sfs_s3_key(s3), key, sizeof(key)) < 0 || name_part(etag, tag, sizeof(tag)) < 0 ||
+        (size_t)snprintf(copy_path, sizeof(copy_path), "%s/s3/%s/%s.%s-%llu.copy", cache, bucket, key, tag,
+                         (unsigned long long)size) >= sizeof(copy_path))
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: its name is too long for a local copy's path", src);
+    sfs_s3_expect(s3, etag);
+    uint8_t raw[SFS_HEADER_END];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if ((rc = sfs_copy_open(s, copy_path, &st->sizes, &st->sizes_offset, raw, err)) != SFS_ENOTFOUND)
+            return rc == SFS_OK && s->file_size != size
+                       ? sfs_fail(err, SFS_ECORRUPT, 0, "%s: its local copy %s is of another size: remove it", src,
+                                  copy_path)
+                       : rc;
+        if (s->fd >= 0) {
+            close(s->fd);
+            s->fd = -1;
+        }
+        if (attempt)
+            break;
+        if ((rc = sfs_copy_build(src, &s3_copy_ops, s3, size, copy_path, err)) != SFS_OK)
+            return rc;
+    }
+    return sfs_fail(err, SFS_EIO, EIO, "%s: its local copy %s is unreadable after it was built", src, copy_path);
+}
+
+static void s3_close(sfs_shard_t *s) { sfs_s3_close(state_of(s)->conn); }
+
+static const char *s3_source_error(const sfs_shard_t *s) { return sfs_s3_error(state_of(s)->conn); }
+
+/* Object bytes are never in this host's page cache nor mapped: no
+ * read_nowait (SFS_EAGAIN), no data (NULL). */
+const sfs_kind_t sfs_kind_s3 = {
+    .name = "s3",
+    .flags = SFS_KIND_REMOTE,
+    .state_size = sizeof(sfs_remote_state_t),
+    .claims = s3_claims,
+    .open = s3_open,
+    .close = s3_close,
+    .object_size = sfs_remote_object_size,
+    .object_size_nowait = sfs_remote_object_size_nowait,
+    .read = sfs_remote_read,
+    .read_batch = sfs_remote_read_batch,
+    .source_read = sfs_remote_source_read,
+    .source_error = s3_source_error,
+};

@@ -1,0 +1,381 @@
+/*
+ * s3.c — ranged GETs of S3 objects with libcurl (s3.h).
+ */
+#define _GNU_SOURCE
+#include "s3.h"
+#include "internal.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define POOL_MAX 32 /* idle handles kept per connection */
+
+static struct {
+    pthread_mutex_t lock;
+    char *endpoint, *region, *cache_dir;
+    unsigned timeout;
+} config = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, 0};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_start(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+struct sfs_s3 {
+    char *source, *bucket, *key, *url, *userpwd, *sigv4, *token_header;
+    char etag[SFS_S3_ETAG_MAX];
+    long timeout_ms;
+    pthread_mutex_t lock; /* the pool, etag, error */
+    CURL *idle[POOL_MAX];
+    int nidle;
+    char error[256];
+};
+
+int sfs_is_s3_source(const char *source) { return strncmp(source, SFS_S3_PREFIX, strlen(SFS_S3_PREFIX)) == 0; }
+
+static int replace(char **slot, const char *value)
+{
+    if (!value)
+        return 0;
+    char *copy = strdup(value);
+    if (!copy)
+        return -1;
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
+
+int sfs_s3_configure(const char *endpoint, const char *region, unsigned timeout, const char *cache_dir)
+{
+    pthread_mutex_lock(&config.lock);
+    int rc = replace(&config.endpoint, endpoint) | replace(&config.region, region) | replace(&config.cache_dir, cache_dir);
+    if (timeout)
+        config.timeout = timeout;
+    pthread_mutex_unlock(&config.lock);
+    return rc ? SFS_ENOMEM : SFS_OK;
+}
+
+const char *sfs_s3_cache_dir(void) { return config.cache_dir; }
+
+static const char *env(const char *a, const char *b)
+{
+    const char *v = getenv(a);
+    if ((!v || !*v) && b)
+        v = getenv(b);
+    return v && *v ? v : NULL;
+}
+
+static int truthy(const char *v) { return v && (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes")); }
+
+int sfs_s3_new(const char *source, sfs_s3_t **out, sfs_error_t *err)
+{
+    *out = NULL;
+    pthread_once(&curl_once, curl_start);
+    const char *rest = source + strlen(SFS_S3_PREFIX), *slash = strchr(rest, '/');
+    if (!sfs_is_s3_source(source) || !slash || slash == rest || !slash[1])
+        return sfs_fail(err, SFS_EINVAL, 0, "%s: not an S3 source: write s3://BUCKET/KEY", source);
+    sfs_s3_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", source);
+    pthread_mutex_init(&s->lock, NULL);
+    s->source = strdup(source);
+    s->bucket = strndup(rest, (size_t)(slash - rest));
+    s->key = strdup(slash + 1);
+    pthread_mutex_lock(&config.lock);
+    const char *endpoint = config.endpoint ? config.endpoint : env("AWS_ENDPOINT_URL", "AWS_ENDPOINT");
+    const char *region = config.region ? config.region : env("AWS_REGION", "AWS_DEFAULT_REGION");
+    unsigned timeout = config.timeout ? config.timeout : SFS_S3_DEFAULT_TIMEOUT;
+    if (!region)
+        region = "us-east-1";
+    char host[300];
+    if (!endpoint) {
+        snprintf(host, sizeof(host), "https://s3.%s.amazonaws.com", region);
+        endpoint = host;
+    }
+    CURL *c = curl_easy_init();
+    char *escaped = c ? curl_easy_escape(c, s->key, 0) : NULL;
+    if (escaped) /* keep the key's slashes: path-style ENDPOINT/BUCKET/KEY */
+        for (char *p; (p = strstr(escaped, "%2F"));) {
+            *p = '/';
+            memmove(p + 1, p + 3, strlen(p + 3) + 1);
+        }
+    size_t n = strlen(endpoint) + strlen(s->bucket) + (escaped ? strlen(escaped) : 0) + 3;
+    if ((s->url = malloc(n)))
+        snprintf(s->url, n, "%s%s%s/%s", endpoint, endpoint[strlen(endpoint) - 1] == '/' ? "" : "/", s->bucket,
+                 escaped ? escaped : "");
+    curl_free(escaped);
+    if (c)
+        curl_easy_cleanup(c);
+    const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
+    const char *token = getenv("AWS_SESSION_TOKEN");
+    if (id && *id && secret && !truthy(getenv("AWS_SKIP_SIGNATURE"))) {
+        if (asprintf(&s->userpwd, "%s:%s", id, secret) < 0)
+            s->userpwd = NULL;
+        if (asprintf(&s->sigv4, "aws:amz:%s:s3", region) < 0)
+            s->sigv4 = NULL;
+        if (token && *token && asprintf(&s->token_header, "x-amz-security-token: %s", token) < 0)
+            s->token_header = NULL;
+    }
+    pthread_mutex_unlock(&config.lock);
+    s->timeout_ms = (long)timeout * 1000;
+    if (!s->source || !s->bucket || !s->key || !s->url || !escaped || (id && *id && secret && !s->userpwd)) {
+        sfs_s3_close(s);
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", source);
+    }
+    *out = s;
+    return SFS_OK;
+}
+
+void sfs_s3_close(sfs_s3_t *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->nidle; i++)
+        curl_easy_cleanup(s->idle[i]);
+    pthread_mutex_destroy(&s->lock);
+    free(s->source);
+    free(s->bucket);
+    free(s->key);
+    free(s->url);
+    free(s->userpwd);
+    free(s->sigv4);
+    free(s->token_header);
+    free(s);
+}
+
+const char *sfs_s3_bucket(const sfs_s3_t *s) { return s->bucket; }
+const char *sfs_s3_key(const sfs_s3_t *s) { return s->key; }
+
+void sfs_s3_expect(sfs_s3_t *s, const char *etag)
+{
+    pthread_mutex_lock(&s->lock);
+    snprintf(s->etag, sizeof(s->etag), "%s", etag);
+    pthread_mutex_unlock(&s->lock);
+}
+
+const char *sfs_s3_error(sfs_s3_t *s) { return s->error; }
+
+static void set_error(sfs_s3_t *s, const char *fmt, const char *what, long code)
+{
+    pthread_mutex_lock(&s->lock);
+    snprintf(s->error, sizeof(s->error), fmt, s->source, what, code);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---------------------------------------------------------------- requests */
+
+typedef struct {
+    uint8_t *buf;
+    size_t cap, len;
+    char etag[SFS_S3_ETAG_MAX];
+    uint64_t total; /* the object's size, from Content-Range */
+    struct curl_slist *headers;
+    int done;
+} transfer_t;
+
+static size_t on_body(char *data, size_t one, size_t n, void *arg)
+{
+    transfer_t *t = arg;
+    size_t take = n < t->cap - t->len ? n : t->cap - t->len;
+    if (take)
+        memcpy(t->buf + t->len, data, take);
+    t->len += take;
+    return n; /* more than asked (a server ignoring Range): dropped */
+}
+
+static size_t on_header(char *data, size_t one, size_t n, void *arg)
+{
+    transfer_t *t = arg;
+    if (n > 5 && !strncasecmp(data, "ETag:", 5)) {
+        const char *v = data + 5;
+        size_t len = n - 5;
+        while (len && (*v == ' ' || *v == '\t'))
+            v++, len--;
+        while (len && (v[len - 1] == '\r' || v[len - 1] == '\n' || v[len - 1] == ' '))
+            len--;
+        if (len < sizeof(t->etag)) {
+            memcpy(t->etag, v, len);
+            t->etag[len] = 0;
+        }
+    } else if (n > 14 && !strncasecmp(data, "Content-Range:", 14)) {
+        const char *slash = memchr(data, '/', n);
+        if (slash)
+            t->total = strtoull(slash + 1, NULL, 10);
+    }
+    return n;
+}
+
+static CURL *take(sfs_s3_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    CURL *c = s->nidle ? s->idle[--s->nidle] : NULL;
+    pthread_mutex_unlock(&s->lock);
+    if (!c)
+        c = curl_easy_init();
+    return c;
+}
+
+static void give(sfs_s3_t *s, CURL *c)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->nidle < POOL_MAX) {
+        s->idle[s->nidle++] = c;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (c)
+        curl_easy_cleanup(c);
+}
+
+/* Set up handle c for a GET of [off, off + len) (len 0: a HEAD) into t. */
+static int prepare(sfs_s3_t *s, CURL *c, transfer_t *t, uint64_t off, size_t len)
+{
+    char range[64], match[SFS_S3_ETAG_MAX + 16];
+    curl_easy_reset(c);
+    t->headers = NULL;
+    pthread_mutex_lock(&s->lock);
+    int expect = s->etag[0] != 0;
+    if (expect)
+        snprintf(match, sizeof(match), "If-Match: %s", s->etag);
+    pthread_mutex_unlock(&s->lock);
+    if (expect)
+        t->headers = curl_slist_append(t->headers, match);
+    if (s->token_header)
+        t->headers = curl_slist_append(t->headers, s->token_header);
+    if (s->userpwd) /* signed with the empty body's SHA-256 (radosgw refuses a signature without it) */
+        t->headers = curl_slist_append(
+            t->headers, "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    curl_easy_setopt(c, CURLOPT_URL, s->url);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, s->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, s->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, t);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, t);
+    if (s->userpwd) {
+        curl_easy_setopt(c, CURLOPT_USERPWD, s->userpwd);
+        curl_easy_setopt(c, CURLOPT_AWS_SIGV4, s->sigv4);
+    }
+    if (len == 0) {
+        curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+    } else {
+        snprintf(range, sizeof(range), "%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
+        curl_easy_setopt(c, CURLOPT_RANGE, range);
+    }
+    if (t->headers)
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, t->headers);
+    return 0;
+}
+
+/* The result of a finished transfer: bytes (>= 0) or -errno. */
+static int64_t finish(sfs_s3_t *s, CURL *c, transfer_t *t, CURLcode rc, int head)
+{
+    long code = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_slist_free_all(t->headers);
+    t->headers = NULL;
+    t->done = 1;
+    if (rc != CURLE_OK) {
+        set_error(s, "%s: %s (HTTP %ld)", curl_easy_strerror(rc), code);
+        return rc == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT : rc == CURLE_COULDNT_CONNECT ? -ECONNREFUSED : -EIO;
+    }
+    if (code == 200 || code == 206)
+        return head ? 0 : (int64_t)t->len;
+    if (code == 416)
+        return 0; /* past the end */
+    set_error(s, "%s: the server answered %sHTTP %ld", code == 412 ? "(replaced under its key) " : "", code);
+    return code == 404 ? -ENOENT : code == 403 ? -EACCES : code == 412 ? -ESTALE : -EIO;
+}
+
+int sfs_s3_head(sfs_s3_t *s, uint64_t *size, char etag[SFS_S3_ETAG_MAX], sfs_error_t *err)
+{
+    CURL *c = take(s);
+    if (!c)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", s->source);
+    transfer_t t = {0};
+    prepare(s, c, &t, 0, 0);
+    CURLcode rc = curl_easy_perform(c);
+    int64_t got = finish(s, c, &t, rc, 1);
+    curl_off_t length = -1;
+    curl_easy_getinfo(c, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+    give(s, c);
+    if (got < 0)
+        return sfs_fail(err, SFS_EIO, (int)-got, "%s", s->error);
+    if (length < 0 || !t.etag[0])
+        return sfs_fail(err, SFS_EIO, EIO, "%s: the server gave no %s", s->source, length < 0 ? "size" : "ETag");
+    *size = (uint64_t)length;
+    memcpy(etag, t.etag, SFS_S3_ETAG_MAX);
+    return SFS_OK;
+}
+
+int64_t sfs_s3_pread(sfs_s3_t *s, void *buf, size_t len, uint64_t off)
+{
+    if (len == 0)
+        return 0;
+    CURL *c = take(s);
+    if (!c)
+        return -ENOMEM;
+    transfer_t t = {.buf = buf, .cap = len};
+    prepare(s, c, &t, off, len);
+    int64_t got = finish(s, c, &t, curl_easy_perform(c), 0);
+    give(s, c);
+    return got;
+}
+
+int sfs_s3_pread_many(sfs_s3_t *s, size_t n, const uint64_t *offs, const size_t *lens, void *const *bufs,
+                      int64_t *got)
+{
+    enum { FLIGHT = 32 }; /* GETs in flight at once */
+    CURLM *multi = curl_multi_init();
+    if (!multi)
+        return -ENOMEM;
+    for (size_t base = 0; base < n; base += FLIGHT) {
+        size_t k = n - base < FLIGHT ? n - base : FLIGHT;
+        CURL *handles[FLIGHT];
+        transfer_t t[FLIGHT];
+        for (size_t i = 0; i < k; i++) {
+            handles[i] = NULL;
+            got[base + i] = 0;
+            if (!lens[base + i])
+                continue;
+            if (!(handles[i] = take(s))) {
+                got[base + i] = -ENOMEM;
+                continue;
+            }
+            t[i] = (transfer_t){.buf = bufs[base + i], .cap = lens[base + i]};
+            prepare(s, handles[i], &t[i], offs[base + i], lens[base + i]);
+            curl_easy_setopt(handles[i], CURLOPT_PRIVATE, (char *)&t[i]);
+            curl_multi_add_handle(multi, handles[i]);
+        }
+        int running = 1;
+        while (running) {
+            if (curl_multi_perform(multi, &running) != CURLM_OK)
+                break;
+            if (running)
+                curl_multi_poll(multi, NULL, 0, 1000, NULL);
+        }
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(multi, &left)))
+            if (msg->msg == CURLMSG_DONE)
+                for (size_t i = 0; i < k; i++)
+                    if (handles[i] == msg->easy_handle)
+                        got[base + i] = finish(s, handles[i], &t[i], msg->data.result, 0);
+        for (size_t i = 0; i < k; i++)
+            if (handles[i]) {
+                curl_multi_remove_handle(multi, handles[i]);
+                if (!t[i].done) { /* never finished */
+                    curl_slist_free_all(t[i].headers);
+                    got[base + i] = -EIO;
+                }
+                give(s, handles[i]);
+            }
+    }
+    curl_multi_cleanup(multi);
+    return 0;
+}

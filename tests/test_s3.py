@@ -1,0 +1,201 @@
+"""Read Shards kept as objects of an S3 bucket (``s3://BUCKET/KEY``) on a
+real S3 server: Ceph's radosgw, started by the tests on the single-host
+cluster of tests/ceph_cluster.py, its bucket filled by uploads as the AWS
+SDK makes them (boto3). Every object read by the API, the command line and
+a mount is compared with the files the shard was made from; an object
+replaced under its key gives ESTALE, never another object's bytes; a
+stopped or killed server gives an error within the configured timeout,
+never a hang."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ceph_cluster import S3_ACCESS_KEY, S3_SECRET_KEY, CephCluster, rgw_available
+from mounting import SHARDFS, files_by_key, run
+
+pytestmark = pytest.mark.skipif(not rgw_available(), reason="Ceph's radosgw is not installed (make test installs it)")
+
+SOURCES = ["/usr/share/common-licenses", "/usr/share/doc/bash"]
+BUCKET = "shards"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """(cluster, endpoint, boto3 client, env for shardfs) with a bucket
+    BUCKET holding docs.shard as "dir/docs.shard"; {key: path} of its
+    objects."""
+    import boto3
+
+    work = tmp_path_factory.mktemp("s3")
+    with CephCluster(work) as cluster:
+        endpoint = cluster.start_rgw()
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_ACCESS_KEY,
+                              aws_secret_access_key=S3_SECRET_KEY, region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        shard = work / "docs.shard"
+        run(SHARDFS + ["create", shard, *SOURCES], check=True)
+        client.upload_file(str(shard), BUCKET, "dir/docs.shard")
+        env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=S3_ACCESS_KEY,
+                   AWS_SECRET_ACCESS_KEY=S3_SECRET_KEY, AWS_REGION="us-east-1",
+                   SHARDFS_CACHE_DIR=str(work / "cache"))
+        yield cluster, endpoint, client, env, shard
+
+
+def _files() -> dict:
+    return files_by_key(SOURCES)
+
+
+def _python(env: dict, code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`code` in a child Python with `env` (the S3 settings are per process)."""
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_api_reads_every_object_of_a_shard_in_s3(s3, tmp_path):
+    """`shardfs.Shard("s3://BUCKET/KEY")`: its local copy made at the first
+    open (one per ETag and size), every object right by get and get_batch,
+    absent keys absent, the copy reused by a second open."""
+    cluster, endpoint, client, env, shard = s3
+    files = _files()
+    code = """
+import hashlib, json, os, sys, time
+from shardfs.shard import Shard
+from shardfs import s3
+s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"])
+files = json.loads(sys.argv[1])
+t = time.monotonic()
+with Shard("s3://shards/dir/docs.shard") as sh:
+    first = time.monotonic() - t
+    assert sh.kind == "s3", sh.kind
+    assert len(sh) == len(files)
+    for key, path in files.items():
+        assert sh[bytes.fromhex(key)] == open(path, "rb").read(), key
+    keys = [bytes.fromhex(k) for k in files]
+    assert sh.get_batch(keys + [b"\\0" * 32]) == [open(files[k.hex()], "rb").read() for k in keys] + [None]
+    assert b"\\1" * 32 not in sh
+t = time.monotonic()
+with Shard("s3://shards/dir/docs.shard") as sh:
+    again = time.monotonic() - t
+copies = [n for _, _, names in os.walk(os.environ["SHARDFS_CACHE_DIR"]) for n in names if n.endswith(".copy")]
+print(json.dumps({"copies": copies, "first": first, "again": again}))
+"""
+    import json
+
+    proc = _python(env, code, json.dumps(files))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    etag = client.head_object(Bucket=BUCKET, Key="dir/docs.shard")["ETag"].strip('"')
+    assert len(out["copies"]) == 1 and etag in out["copies"][0], out
+
+
+def test_cli_and_mount_read_a_shard_in_s3(s3, tmp_path, mounter):
+    """`shardfs info`, `ls`, `get` and `check` take an s3:// source; a
+    mount of it serves every object, sha256sum-clean."""
+    cluster, endpoint, client, env, shard = s3
+    files = _files()
+    source = f"s3://{BUCKET}/dir/docs.shard"
+    info = subprocess.run(SHARDFS + ["info", source], env=env, capture_output=True, text=True, timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert f"live_objects: {len(files)}" in info.stdout
+    keys = subprocess.run(SHARDFS + ["ls", source], env=env, capture_output=True, text=True, timeout=120)
+    assert sorted(keys.stdout.split()) == sorted(files)
+    out = tmp_path / "out"
+    got = subprocess.run(SHARDFS + ["get", source, *list(files)[:20], "-o", str(out)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    for key in list(files)[:20]:
+        assert (out / key).read_bytes() == Path(files[key]).read_bytes()
+    check = subprocess.run(SHARDFS + ["check", "--hash", source], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert check.returncode == 0 and "OK" in check.stdout, check.stdout + check.stderr
+    point = tmp_path / "m"
+    mounter._claim(point)
+    proc = subprocess.run(SHARDFS + ["mount", "--layout", "flat", "--cache-dir", env["SHARDFS_CACHE_DIR"], source,
+                                     str(point)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    sums = run(["sha256sum", *files], cwd=point, check=True).stdout.split("\n")
+    assert sum(1 for line in sums if line and line.split()[0] == line.split()[1]) == len(files)
+
+
+def test_replaced_object_gives_estale_never_other_bytes(s3, tmp_path):
+    """An object replaced under its key after it was opened: reads fail
+    with ESTALE (every GET asks for the copied ETag); a new open makes a
+    copy of the new object and reads it."""
+    cluster, endpoint, client, env, shard = s3
+    other = tmp_path / "other.shard"
+    run(SHARDFS + ["create", other, "/usr/share/doc/bash"], check=True)
+    client.upload_file(str(shard), BUCKET, "swap.shard")
+    code = """
+import errno, os, sys
+from shardfs.shard import Shard
+from shardfs import s3
+s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"])
+sh = Shard("s3://shards/swap.shard")
+key = next(iter(sh.keys()))
+before = sh[key]
+print("opened", flush=True)
+sys.stdin.readline()
+try:
+    sh[key]
+    print("read")
+except OSError as exc:
+    print("errno", exc.errno)
+with Shard("s3://shards/swap.shard") as again:
+    print("reopened", len(again))
+"""
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "opened", child.stderr.read()
+        client.upload_file(str(other), BUCKET, "swap.shard")
+        out, err = child.communicate("go\n", timeout=120)
+    finally:
+        child.kill()
+    lines = out.split("\n")
+    assert lines[0] == f"errno {errno.ESTALE}", out + err
+    n = subprocess.run(SHARDFS + ["info", str(other)], capture_output=True, text=True).stdout
+    assert lines[1] == f"reopened {[int(x.split()[1]) for x in n.splitlines() if x.startswith('live_objects:')][0]}"
+
+
+def test_stopped_server_gives_an_error_within_the_timeout(s3, tmp_path):
+    """radosgw stopped (SIGSTOP: it answers nothing) under a reader whose
+    local copy is made: a read fails with ETIMEDOUT within the configured
+    timeout (2 s here), never hangs; once the server resumes, reads work."""
+    cluster, endpoint, client, env, shard = s3
+    code = """
+import os, sys, time
+from shardfs.shard import Shard
+from shardfs import s3
+s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"], timeout=2)
+sh = Shard("s3://shards/dir/docs.shard")
+keys = list(sh.keys())
+print("opened", flush=True)
+sys.stdin.readline()
+t = time.monotonic()
+try:
+    sh[keys[0]]
+    print("read", time.monotonic() - t)
+except OSError as exc:
+    print("errno", exc.errno, time.monotonic() - t)
+sys.stdin.readline()
+print("after", len(sh[keys[1]]) >= 0)
+"""
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "opened", child.stderr.read()
+        with cluster.paused("rgw"):
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            line = child.stdout.readline().split()
+        out, err = child.communicate("go\n", timeout=60)
+    finally:
+        child.kill()
+    assert line[0] == "errno" and int(line[1]) == errno.ETIMEDOUT and float(line[2]) < 5, (line, err)
+    assert out.strip() == "after True", err

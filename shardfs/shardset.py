@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from shardfs import Shard, normalize_key
-from shardfs import rbd
+from shardfs import rbd, s3
 from shardfs.shard import is_remote_source
 from shardfs import sidecar as sidecar_mod
 from shardfs import _shardfs
@@ -290,10 +290,14 @@ def list_shard_dir(directory: str) -> List[str]:
     ``/dev/rbd/<pool>/``); names starting with "." are skipped (the writer's
     temporary files are ``.<name>.tmp-*``). Raises OSError if the directory
     cannot be read. For ``rbd:POOL``, the sources ``rbd:POOL/IMAGE`` of the
-    pool's images (`shardfs.rbd.pool_sources`).
+    pool's images (`shardfs.rbd.pool_sources`); for ``s3://BUCKET/PREFIX``,
+    the sources ``s3://BUCKET/KEY`` of the objects under it
+    (`shardfs.s3.list_sources`).
     """
     if rbd.is_source(directory):  # rbd:POOL: its images
         return rbd.pool_sources(rbd.parse(directory)[0])
+    if s3.is_source(directory):  # s3://BUCKET/PREFIX: its objects
+        return s3.list_sources(directory)
     paths = []
     with os.scandir(directory) as it:
         for entry in it:
@@ -578,6 +582,7 @@ class ShardSet:
         try:
             st = os.fstat(shard.fileno())
             identity = sidecar_mod.identity(shard)
+            ident = (s3.listed_identity(path) or file_ident(st)) if s3.is_source(path) else file_ident(st)
         except BaseException:
             shard.close()
             raise
@@ -585,7 +590,7 @@ class ShardSet:
             number = self._next_number
             while self.reserved(number):
                 number += 1
-        member = self._insert(MountedShard(number, path, file_ident(st), shard.header.objects_count,
+        member = self._insert(MountedShard(number, path, ident, shard.header.objects_count,
                                            shard.slot_count, shard.extent, shard.mtime, identity=identity))
         self._keep_open(member, shard)
         if sidecar is not None:
@@ -843,7 +848,8 @@ class ShardSet:
         retry = (0, int(time.monotonic() // RBD_RETRY_SECONDS))
         for path in candidates:
             if is_remote_source(path):  # listed, or named at mount
-                stats[path] = (None, retry)
+                # an S3 object listed: its ETag and size tell a replaced one
+                stats[path] = (s3.listed_identity(path), retry)
                 continue
             try:
                 st = os.stat(path)

@@ -199,3 +199,71 @@ print("after", len(sh[keys[1]]) >= 0)
         child.kill()
     assert line[0] == "errno" and int(line[1]) == errno.ETIMEDOUT and float(line[2]) < 5, (line, err)
     assert out.strip() == "after True", err
+
+
+def test_mount_follows_a_bucket_prefix(s3, tmp_path, mounter):
+    """``--shard-dir s3://BUCKET/PREFIX``: the shards under the prefix are
+    served (whatever their names), listed again every few seconds: an
+    object uploaded is served, one deleted goes, one replaced under its
+    key serves its new objects; objects elsewhere in the bucket are not."""
+    from mounting import build_shard, make_blobs, wait_until
+
+    cluster, endpoint, client, env, shard = s3
+    blobs = {name: build_shard(tmp_path / f"{name}.shard", make_blobs(seed, 30, 1, 3000, tag=name.encode()))
+             for seed, name in enumerate(("a", "b", "c", "d"), 1)}
+    for name in ("a", "b"):
+        client.upload_file(str(tmp_path / f"{name}.shard"), BUCKET, f"pool/{name}")
+    client.upload_file(str(tmp_path / "d.shard"), BUCKET, "elsewhere/d")
+    point = tmp_path / "m"
+    mounter._claim(point)
+    proc = subprocess.run(SHARDFS + ["mount", "--layout", "flat", "--cache-dir", env["SHARDFS_CACHE_DIR"],
+                                     "--shard-dir", f"s3://{BUCKET}/pool", str(point)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+    def serves(objects):
+        try:
+            return all((point / key).read_bytes() == data for key, data in objects.items())
+        except OSError:
+            return False
+
+    def absent(objects):
+        return not any((point / key).exists() for key in objects)
+
+    assert serves(blobs["a"]) and serves(blobs["b"]) and absent(blobs["d"])
+    client.upload_file(str(tmp_path / "c.shard"), BUCKET, "pool/c")
+    assert wait_until(lambda: serves(blobs["c"]), timeout=30), "an uploaded shard is not served"
+    client.delete_object(Bucket=BUCKET, Key="pool/b")
+    assert wait_until(lambda: absent(blobs["b"]), timeout=30), "a deleted shard is still served"
+    client.upload_file(str(tmp_path / "d.shard"), BUCKET, "pool/a")  # a replaced under its key
+    assert wait_until(lambda: serves(blobs["d"]) and absent(blobs["a"]), timeout=30), \
+        "a replaced shard is not followed"
+
+
+def test_forked_processes_never_share_a_connection(s3):
+    """A shard opened and read in a process that then forks (as a mount's
+    coordinator forks its workers): parent and child read the objects at
+    once, many times; every byte right (each process makes its own
+    connections: the kept-alive ones of the parent are never used by the
+    child, where two processes on one socket read each other's answers)."""
+    cluster, endpoint, client, env, shard = s3
+    code = """
+import os, sys
+from shardfs.shard import Shard
+from shardfs import s3
+s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"])
+sh = Shard("s3://shards/dir/docs.shard")
+want = {k: sh[k] for k in sh.keys()}  # connections kept alive in this process
+pid = os.fork()
+bad = 0
+for _ in range(15):
+    for k, data in want.items():
+        bad += sh[k] != data
+if pid == 0:
+    os._exit(1 if bad else 0)
+_, status = os.waitpid(pid, 0)
+print(bad, os.waitstatus_to_exitcode(status))
+"""
+    proc = _python(env, code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "0"], proc.stdout

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #define POOL_MAX 32 /* idle handles kept per connection */
 
@@ -31,6 +32,7 @@ struct sfs_s3 {
     pthread_mutex_t lock; /* the pool, etag, error */
     CURL *idle[POOL_MAX];
     int nidle;
+    pid_t pid; /* the process whose connections the idle handles hold */
     char error[256];
 };
 
@@ -81,6 +83,7 @@ int sfs_s3_new(const char *source, sfs_s3_t **out, sfs_error_t *err)
     if (!s)
         return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", source);
     pthread_mutex_init(&s->lock, NULL);
+    s->pid = getpid();
     s->source = strdup(source);
     s->bucket = strndup(rest, (size_t)(slash - rest));
     s->key = strdup(slash + 1);
@@ -174,22 +177,35 @@ typedef struct {
     uint64_t total; /* the object's size, from Content-Range */
     struct curl_slist *headers;
     int done;
+    uint64_t skip; /* body bytes to drop first: the range's offset when the server sent it all (200) */
+    uint64_t off;  /* the range's first byte */
 } transfer_t;
 
 static size_t on_body(char *data, size_t one, size_t n, void *arg)
 {
     transfer_t *t = arg;
+    size_t all = n;
+    if (t->skip) { /* a whole object for a range: its bytes before the range dropped */
+        size_t drop = n < t->skip ? n : (size_t)t->skip;
+        t->skip -= drop;
+        data += drop;
+        n -= drop;
+    }
     size_t take = n < t->cap - t->len ? n : t->cap - t->len;
     if (take)
         memcpy(t->buf + t->len, data, take);
     t->len += take;
-    return n; /* more than asked (a server ignoring Range): dropped */
+    return all; /* more than asked (a server ignoring Range): dropped */
 }
 
 static size_t on_header(char *data, size_t one, size_t n, void *arg)
 {
     transfer_t *t = arg;
-    if (n > 5 && !strncasecmp(data, "ETag:", 5)) {
+    if (n > 12 && !strncmp(data, "HTTP/", 5)) { /* a status line: 200 to a range is the whole object */
+        const char *sp = memchr(data, ' ', n);
+        t->skip = sp && atoi(sp + 1) == 200 ? t->off : 0;
+        t->len = 0;
+    } else if (n > 5 && !strncasecmp(data, "ETag:", 5)) {
         const char *v = data + 5;
         size_t len = n - 5;
         while (len && (*v == ' ' || *v == '\t'))
@@ -211,6 +227,17 @@ static size_t on_header(char *data, size_t one, size_t n, void *arg)
 static CURL *take(sfs_s3_t *s)
 {
     pthread_mutex_lock(&s->lock);
+    if (s->pid != getpid()) {
+        /* a child of the process that made them (a mount's workers are
+         * forked after the shards are opened): their kept-alive sockets
+         * are the parent's too, and two processes talking on one socket
+         * would read each other's answers. Closed here (the parent's
+         * descriptors stay open), never used. */
+        for (int i = 0; i < s->nidle; i++)
+            curl_easy_cleanup(s->idle[i]);
+        s->nidle = 0;
+        s->pid = getpid();
+    }
     CURL *c = s->nidle ? s->idle[--s->nidle] : NULL;
     pthread_mutex_unlock(&s->lock);
     if (!c)
@@ -236,6 +263,7 @@ static int prepare(sfs_s3_t *s, CURL *c, transfer_t *t, uint64_t off, size_t len
     char range[64], match[SFS_S3_ETAG_MAX + 16];
     curl_easy_reset(c);
     t->headers = NULL;
+    t->off = off;
     pthread_mutex_lock(&s->lock);
     int expect = s->etag[0] != 0;
     if (expect)

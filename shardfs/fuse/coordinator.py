@@ -229,7 +229,7 @@ class Coordinator:
         self._poll_at = time.monotonic()
         #: The shard directory is an RBD pool (rbd:POOL), listed every
         #: `shardfs.rbd.POLL_SECONDS` (images have no inotify).
-        self._polls_pool = self.shards.shard_dir is not None and rbd.is_source(self.shards.shard_dir)
+        self._polls_pool = self.shards.shard_dir is not None and is_remote_source(self.shards.shard_dir)
         #: Building the global index failed once: not tried again.
         self._index_failed = False
         #: Shard numbers a builder was asked to index.
@@ -631,7 +631,7 @@ class Coordinator:
 
     def _watch_files(self) -> None:
         directories = []
-        if self.shards.shard_dir is not None and not rbd.is_source(self.shards.shard_dir):
+        if self.shards.shard_dir is not None and not is_remote_source(self.shards.shard_dir):
             directories.append(self.shards.shard_dir)
         for path in self.shards.pinned:
             if is_remote_source(path):

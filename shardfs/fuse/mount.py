@@ -184,7 +184,7 @@ def check_mountpoint(mountpoint: str) -> str:
 #: owner of every file, layout, slicing, sidecar cache directory, number
 #: of worker processes.
 OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "winery_pools_dir", "hashes",
-               "ceph_conf", "ceph_id", "ceph_timeout", "winery_rbd")
+               "ceph_conf", "ceph_id", "ceph_timeout", "winery_rbd", "s3_endpoint", "s3_region", "s3_timeout")
 
 #: Options mount(8) and mount.fuse3 pass by default (``rw,dev,suid`` for
 #: an fstab line with ``defaults``), accepted and ignored when shardfs runs
@@ -489,7 +489,7 @@ def mount_shards(
     if winery is not None:
         return _mount_winery(winery, mountpoint, foreground, options, debug, log_file, layout, slicing,
                              cache_dir, helper, workers, winery_pools_dir)
-    if shard_dir is not None and not rbd.is_source(shard_dir):
+    if shard_dir is not None and not is_remote_source(shard_dir):
         shard_dir = os.path.abspath(shard_dir)
         if not os.path.isdir(shard_dir):
             raise _shard_error(f"shard directory {shard_dir} is not a directory")
@@ -505,6 +505,7 @@ def mount_shards(
     setup_logging(debug, log_file)
     from shardfs.shardset import open_shard_set
 
+    configure_remote(settings)
     return _serve_foreground(open_shard_set(shard_paths, shard_dir, settings["cache_dir"]), mp, opts,
                              settings)
 
@@ -528,6 +529,9 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
     timeout = own.get("ceph_timeout")
     if timeout is not None and (not timeout.isdigit() or int(timeout) < 1):
         raise _shard_error(f"mount option ceph_timeout={timeout}: expected whole seconds, at least 1")
+    s3_timeout = own.get("s3_timeout")
+    if s3_timeout is not None and (not s3_timeout.isdigit() or int(s3_timeout) < 1):
+        raise _shard_error(f"mount option s3_timeout={s3_timeout}: expected whole seconds, at least 1")
     conf = own.get("ceph_conf")
     if conf is not None:
         conf = os.path.abspath(conf)
@@ -537,6 +541,9 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
         "ceph_conf": conf,
         "ceph_id": own.get("ceph_id"),
         "ceph_timeout": int(timeout) if timeout is not None else None,
+        "s3_endpoint": own.get("s3_endpoint"),
+        "s3_region": own.get("s3_region"),
+        "s3_timeout": int(s3_timeout) if s3_timeout is not None else None,
         "layout": layout,
         "slicing": slicing,
         "cache_dir": os.path.abspath(cache_dir or own.get("cache_dir") or _default_cache_dir()),
@@ -547,14 +554,19 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
     }
 
 
-def configure_rbd(settings: Dict[str, object]) -> None:
-    """Apply a mount's Ceph settings (``-o ceph_conf=,ceph_id=,ceph_timeout=``,
-    its cache directory) to this process: isolated, since the coordinator
-    forks its workers and builders after opening the shards (`shardfs.rbd`)."""
-    from shardfs import rbd
+def configure_remote(settings: Dict[str, object]) -> None:
+    """Apply a mount's settings of remote sources to this process: Ceph's
+    (``-o ceph_conf=,ceph_id=,ceph_timeout=``; isolated, since the
+    coordinator forks its workers and builders after opening the shards:
+    `shardfs.rbd`), S3's (``-o s3_endpoint=,s3_region=,s3_timeout=``, over
+    the AWS_* variables: `shardfs.s3`), and the cache directory of both
+    kinds' local copies."""
+    from shardfs import rbd, s3
 
     rbd.configure(conf=settings.get("ceph_conf"), client_id=settings.get("ceph_id"),
                   cache_dir=settings.get("cache_dir"), timeout=settings.get("ceph_timeout"), isolate=True)
+    s3.configure(endpoint=settings.get("s3_endpoint"), region=settings.get("s3_region"),
+                 timeout=settings.get("s3_timeout"), cache_dir=settings.get("cache_dir"))
 
 
 def check_rbd_sources(shard_paths: Sequence[str], shard_dir: Optional[str], settings: Dict[str, object]) -> None:
@@ -570,7 +582,7 @@ def check_rbd_sources(shard_paths: Sequence[str], shard_dir: Optional[str], sett
     if not rbd.available():
         raise _shard_error(f"{wanted[0]}: this shardfs was built without librbd: install librbd-dev (Debian) "
                            f"and reinstall shardfs")
-    configure_rbd(settings)
+    configure_remote(settings)
     pools: Dict[str, List[str]] = {}
     for source in wanted:
         try:
@@ -629,7 +641,7 @@ def _mount_winery(dsn: str, mountpoint: str, foreground: bool, options: Optional
     mp = check_mountpoint(mountpoint)
     check(dsn)  # a wrong DSN or a database that is not winery's: one line, now
     if pools_dir == LIBRBD:
-        configure_rbd(settings)
+        configure_remote(settings)
     if not foreground:
         return _spawn_daemon([], mp, opts, debug, log_file, stdin_data=dsn.encode(), winery_stdin=True,
                              winery_pools_dir=pools_dir, **settings)
@@ -789,6 +801,9 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--ceph-conf")
     parser.add_argument("--ceph-id")
     parser.add_argument("--ceph-timeout", type=int)
+    parser.add_argument("--s3-endpoint")
+    parser.add_argument("--s3-region")
+    parser.add_argument("--s3-timeout", type=int)
     parser.add_argument("--winery-stdin", action="store_true", help="read a winery DSN on stdin")
     parser.add_argument("--winery-pools-dir")
     parser.add_argument("--debug", action="store_true")
@@ -806,14 +821,14 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
         if args.winery_stdin:
             dsn = sys.stdin.read().strip()
             sys.stdin.close()
-            configure_rbd(vars(args))
+            configure_remote(vars(args))
             shards, catalog, view = open_winery(dsn, args.winery_pools_dir, args.cache_dir)
             shards.followed = True
             winery = (catalog, view)
         else:
             from shardfs.shardset import open_shard_set
 
-            configure_rbd(vars(args))
+            configure_remote(vars(args))
             shards = open_shard_set(args.shards, args.shard_dir, args.cache_dir,
                                     progress=_progress_reporter(ready_fd))
     except Exception as exc:

@@ -8,9 +8,14 @@ with ``pip install 'shardfs[swh]'``), so that ``get_objstorage("shardfs",
 them read Read Shards. A configuration, as ``objstorage:`` holds it::
 
     cls: shardfs
-    shards: [/srv/shards/a.shard, /dev/rbd/pool/image, rbd:pool/image]  # files, block devices, RBD images
-    shard_dir: /srv/shards        # every shard in it, followed live (or rbd:POOL: its images)
+    shards: [/srv/shards/a.shard, /dev/rbd/pool/image, rbd:pool/image, s3://bucket/key]
+                                  # files, block devices, RBD images, S3 objects; Read Shards or
+                                  # MOSAIC files (those in files, told apart by content)
+    shard_dir: /srv/shards        # every shard in it, followed live (or rbd:POOL: its images;
+                                  # s3://BUCKET/PREFIX: the objects under it)
     ceph: {conf: /etc/ceph/ceph.conf, id: shardfs, timeout: 30}  # for rbd: sources (all optional)
+    s3: {endpoint: "http://127.0.0.1:7480", region: us-east-1, timeout: 30}  # for s3:// sources (all
+                                    # optional; keys from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)
     cache_dir: /var/cache/shardfs # sidecars, global index, hash indexes (default: ~/.cache/shardfs)
     primary_hash: sha256          # or sha1, sha1_git
     hashes: [sha1, sha1_git]      # also find ids by these (default: primary_hash, unless sha256)
@@ -92,7 +97,8 @@ class ShardfsObjStorage(ObjStorage):
     def __init__(self, shards: Optional[Sequence[str]] = None, shard_dir: Optional[str] = None,
                  winery: Optional[Dict[str, Any]] = None, cache_dir: Optional[str] = None,
                  primary_hash: str = "sha256", hashes: Optional[Sequence[str]] = None,
-                 ceph: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+                 ceph: Optional[Dict[str, Any]] = None, s3: Optional[Dict[str, Any]] = None,
+                 **kwargs: Any) -> None:
         if primary_hash not in ("sha256",) + hashes_mod.HASH_NAMES:
             raise ConfigError(f"shardfs objstorage: primary_hash {primary_hash!r} is not supported: "
                               f"choose sha256, {', '.join(hashes_mod.HASH_NAMES)}")
@@ -142,6 +148,20 @@ class ShardfsObjStorage(ObjStorage):
                               timeout=ceph.get("timeout"))
             except ValueError as exc:
                 raise ConfigError(f"shardfs objstorage: ceph: {exc}") from None
+        if s3 is not None:
+            unknown = set(s3) - {"endpoint", "region", "timeout"}
+            if unknown:
+                raise ConfigError(f"shardfs objstorage: 's3' takes endpoint, region and timeout; unknown: "
+                                  f"{', '.join(sorted(unknown))}")
+        if s3 is not None or cache_dir is not None:
+            from shardfs import s3 as s3_mod
+
+            s3 = s3 or {}
+            try:
+                s3_mod.configure(endpoint=s3.get("endpoint"), region=s3.get("region"), timeout=s3.get("timeout"),
+                                 cache_dir=cache_dir)
+            except ValueError as exc:
+                raise ConfigError(f"shardfs objstorage: s3: {exc}") from None
         self._lock = threading.Lock()
         self._pid = os.getpid()
         this = weakref.ref(self)  # a new lock in a forked child: one copied may be held by a thread that is gone

@@ -267,3 +267,33 @@ print(bad, os.waitstatus_to_exitcode(status))
     proc = _python(env, code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "0"], proc.stdout
+
+
+def test_objstorage_reads_shards_in_s3(s3):
+    """swh's objstorage interface (`cls: shardfs`) over ``shard_dir:
+    s3://BUCKET/PREFIX`` with its ``s3: {endpoint, timeout}`` settings:
+    every object by its sha256, an absent one ObjNotFoundError."""
+    cluster, endpoint, client, env, shard = s3
+    client.upload_file(str(shard), BUCKET, "store/docs.shard")
+    code = """
+import hashlib, json, os, sys
+from swh.objstorage.exc import ObjNotFoundError
+from swh.objstorage.factory import get_objstorage
+files = json.loads(sys.argv[1])
+env = dict(os.environ)
+endpoint = os.environ.pop("AWS_ENDPOINT_URL")  # given by the configuration instead
+storage = get_objstorage("shardfs", shard_dir="s3://shards/store", cache_dir=env["SHARDFS_CACHE_DIR"],
+                         s3={"endpoint": endpoint, "timeout": 10})
+for key, path in files.items():
+    assert storage.get({"sha256": bytes.fromhex(key)}) == open(path, "rb").read(), key
+try:
+    storage.get({"sha256": b"\\1" * 32})
+    print("found")
+except ObjNotFoundError:
+    print("ok", len(files))
+"""
+    import json
+
+    proc = _python(env, code, json.dumps(_files()))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"ok {len(_files())}"

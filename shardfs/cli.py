@@ -1187,6 +1187,12 @@ def _add_mount_parser(command) -> None:
         "(default: $CEPH_CONF, admin, 30). A winery deployment's rbd pools:\n"
         "-o winery_rbd=librbd instead of /dev/rbd/<pool>/<image>.\n"
         "\n"
+        "Shards in S3: a SHARD s3://BUCKET/KEY, --shard-dir s3://BUCKET/PREFIX\n"
+        "(every object under it, listed again every 2 s), read with ranged GETs;\n"
+        "server and keys from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,\n"
+        "AWS_SECRET_ACCESS_KEY (none, or AWS_SKIP_SIGNATURE=true: anonymous);\n"
+        "-o s3_endpoint=URL,s3_region=NAME,s3_timeout=SECONDS (default 30).\n"
+        "\n"
         "The mount is always ro,nosuid,nodev. As an fstab line (mount.fuse3\n"
         "runs 'shardfs SOURCE MOUNTPOINT -o OPTIONS'; a directory SOURCE is a\n"
         "--shard-dir):\n"
@@ -1210,7 +1216,9 @@ def _add_mount_parser(command) -> None:
         "  shardfs mount --winery postgresql://reader@db/winery --winery-pools-dir /srv/pools /mnt/winery\n"
         "  shardfs mount -o ceph_id=shardfs rbd:shards/2026-11-a /mnt/shard\n"
         "  shardfs mount --shard-dir rbd:shards -o ceph_conf=/etc/ceph/ceph.conf /mnt/shards\n"
-        "  shardfs mount --winery postgresql://reader@db/winery -o winery_rbd=librbd /mnt/winery\n",
+        "  shardfs mount --winery postgresql://reader@db/winery -o winery_rbd=librbd /mnt/winery\n"
+        "  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n"
+        "    shardfs mount --shard-dir s3://shards/2026 -o s3_endpoint=http://rgw:7480 /mnt/shards\n",
     )
     # One positional list, SHARD... MOUNTPOINT (split in cmd_mount), so that
     # options may come anywhere among them.

@@ -153,7 +153,11 @@ SAN_PY_DESELECT := --deselect tests/test_ceph.py::test_a_winery_mount_reads_its_
 FUZZ_DIR ?= build/fuzz
 FUZZ_HARNESSES := shard sidecar ll_names
 FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c shardfs/c/output.c \
-	shardfs/c/ll_names.c shardfs/c/rbd.c shardfs/c/kind_file.c shardfs/c/kind_rbd.c
+	shardfs/c/ll_names.c shardfs/c/rbd.c shardfs/c/kind_file.c shardfs/c/kind_rbd.c \
+	shardfs/c/kind_mosaic.c shardfs/c/mosaic.c shardfs/c/gof.c shardfs/c/remote_copy.c shardfs/c/s3.c \
+	shardfs/c/kind_s3.c
+# what the kinds link (libzstd, zlib: MOSAIC files; libcurl: S3)
+FUZZ_LIBS := -lzstd -lz -lcurl
 FUZZ_DEPS := tests/fuzz/fuzz_common.h $(FUZZ_LIB_SOURCES) $(C_HEADERS)
 
 $(SAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
@@ -164,7 +168,7 @@ $(SAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 $(SAN_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	@mkdir -p $(@D)
 	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(SAN_FLAGS) -Ishardfs/c \
-	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
+	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES) $(FUZZ_LIBS)
 
 test-asan: apt venv test-ph $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_DIR)/test_gindex \
 		$(SAN_DIR)/test_chd_build $(SAN_DIR)/test_ll_names $(SAN_DIR)/test_hashindex \
@@ -266,7 +270,7 @@ $(VG_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 $(VG_DIR)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	@mkdir -p $(@D)
 	gcc -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Ishardfs/c \
-	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES)
+	  -o $@ tests/fuzz/replay.c $< $(FUZZ_LIB_SOURCES) $(FUZZ_LIBS)
 
 test-valgrind: apt venv $(VG_DIR)/test_shard $(VG_DIR)/test_sidecar $(VG_DIR)/test_gindex \
 		$(VG_DIR)/test_chd_build $(VG_DIR)/test_ll_names $(VG_DIR)/test_hashindex \
@@ -296,13 +300,13 @@ $(FUZZ_DIR)/bin/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_DEPS)
 	  $(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -c $$f -o $(@D)/obj-$*/$$(basename $$f .c).o \
 	  || exit 1; done
 	$(FUZZ_CC) $(FUZZ_SAN) -c $< -o $(@D)/obj-$*/harness.o
-	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $(@D)/obj-$*/*.o
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $(@D)/obj-$*/*.o $(FUZZ_LIBS)
 
 # Line coverage: the harness replayed (no libFuzzer) over corpus + seeds.
 $(FUZZ_DIR)/bin/cov_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DEPS)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) -fprofile-instr-generate -fcoverage-mapping -o $@ tests/fuzz/replay.c $< \
-	  $(FUZZ_LIB_SOURCES)
+	  $(FUZZ_LIB_SOURCES) $(FUZZ_LIBS)
 
 $(FUZZ_DIR)/seeds/.stamp: tests/fuzz/make_corpus.py $(VENV)/.stamp
 	$(PY) tests/fuzz/make_corpus.py $(FUZZ_DIR)/seeds

@@ -236,16 +236,18 @@ admin_socket =
                 proc.kill()
                 proc.wait()
 
-    def start_rgw(self) -> str:
+    def start_rgw(self, port: int = 0) -> str:
         """Ceph's S3 server on this cluster (radosgw's beast frontend on
         127.0.0.1, with tcp_nodelay=1: without it every request of a
         kept-alive client waits ~45 ms for a delayed ACK), its pools made on
         first start, and a user with keys S3_ACCESS_KEY/S3_SECRET_KEY;
         returns its endpoint URL once it answers. Stopped with the cluster
-        (by PID)."""
-        with socket.socket() as t:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
+        (by PID). `port`: the port of a radosgw started before and killed
+        (0: a free one); its buckets are in the cluster, kept."""
+        if not port:
+            with socket.socket() as t:
+                t.bind(("127.0.0.1", 0))
+                port = t.getsockname()[1]
         (self.dir / "rgw").mkdir(exist_ok=True)
         self._daemon("rgw", ["radosgw", "-f", "-n", "client.rgw.a", "--rgw-data", str(self.dir / "rgw"),
                              "--rgw-frontends", f"beast endpoint=127.0.0.1:{port} tcp_nodelay=1",
@@ -262,9 +264,17 @@ admin_socket =
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"radosgw did not answer within {START_TIMEOUT} s: {self.tail('rgw')}")
                 time.sleep(0.1)
-        self.run("radosgw-admin", "-n", "client.admin", "user", "create", "--uid", "shardfs-test", "--display-name",
-                 "shardfs tests", "--access-key", S3_ACCESS_KEY, "--secret", S3_SECRET_KEY)
+        if not self.run("radosgw-admin", "-n", "client.admin", "user", "info", "--uid", "shardfs-test",
+                        check=False).returncode == 0:
+            self.run("radosgw-admin", "-n", "client.admin", "user", "create", "--uid", "shardfs-test",
+                     "--display-name", "shardfs tests", "--access-key", S3_ACCESS_KEY, "--secret", S3_SECRET_KEY)
         return endpoint
+
+    def kill(self, name: str) -> None:
+        """Daemon `name` killed (SIGKILL) and reaped: a server gone."""
+        proc = self.procs.pop(name)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
 
     def tail(self, name: str) -> str:
         try:

@@ -12,6 +12,7 @@ import errno
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,66 @@ except ObjNotFoundError:
     proc = _python(env, code, json.dumps(_files()))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"ok {len(_files())}"
+
+
+def test_anonymous_reads_of_a_public_bucket(s3, tmp_path):
+    """A bucket readable by anyone: with no keys (and with
+    AWS_SKIP_SIGNATURE=true beside keys), requests go unsigned and every
+    object is read."""
+    cluster, endpoint, client, env, shard = s3
+    client.create_bucket(Bucket="public", ACL="public-read")
+    client.upload_file(str(shard), "public", "docs.shard", ExtraArgs={"ACL": "public-read"})
+    code = """
+import json, os, sys
+from shardfs.shard import Shard
+from shardfs import s3
+s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"])
+files = json.loads(sys.argv[1])
+with Shard("s3://public/docs.shard") as sh:
+    print(sum(sh[bytes.fromhex(k)] == open(p, "rb").read() for k, p in files.items()))
+"""
+    import json
+
+    files = _files()
+    anonymous = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    for e in (anonymous, dict(env, AWS_SKIP_SIGNATURE="true")):
+        proc = _python(e, code, json.dumps(files))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == str(len(files))
+    proc = _python(anonymous, code.replace("s3://public/", "s3://shards/dir/"), json.dumps(files))
+    assert proc.returncode != 0 and "403" in proc.stderr  # a private bucket refuses unsigned requests
+
+
+def test_server_stopped_then_killed_under_a_mount(s3, tmp_path, mounter):
+    """radosgw stopped (SIGSTOP) under a mount (-o s3_endpoint=, s3_timeout=2;
+    no AWS_ENDPOINT_URL): a cold object fails with EIO within the timeout,
+    names still answer (the local copy), and reads work once it resumes;
+    then killed: EIO at once (connection refused), and once a new radosgw
+    listens on the same port, reads work again. Never a hang."""
+    cluster, endpoint, client, env, shard = s3
+    files = _files()
+    env = {k: v for k, v in env.items() if k not in ("AWS_ENDPOINT_URL",)}
+    point = tmp_path / "m"
+    mounter._claim(point)
+    proc = subprocess.run(SHARDFS + ["mount", "--layout", "flat", "--cache-dir", env["SHARDFS_CACHE_DIR"],
+                                     "-o", f"s3_endpoint={endpoint},s3_timeout=2", f"s3://{BUCKET}/dir/docs.shard",
+                                     str(point)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    keys = list(files)
+    assert (point / keys[0]).read_bytes() == Path(files[keys[0]]).read_bytes()
+
+    def read_fails(key: str, within: float) -> None:
+        started = time.monotonic()
+        with pytest.raises(OSError) as failed:
+            (point / key).read_bytes()
+        assert failed.value.errno == errno.EIO and time.monotonic() - started < within
+
+    with cluster.paused("rgw"):
+        assert os.stat(point / keys[1]).st_size == os.path.getsize(files[keys[1]])  # from the local copy
+        read_fails(keys[1], 10)
+    assert (point / keys[1]).read_bytes() == Path(files[keys[1]]).read_bytes()
+    port = int(endpoint.rsplit(":", 1)[1])
+    cluster.kill("rgw")
+    read_fails(keys[2], 5)
+    cluster.start_rgw(port)
+    assert (point / keys[2]).read_bytes() == Path(files[keys[2]]).read_bytes()

@@ -114,7 +114,8 @@ int sfs_s3_new(const char *source, sfs_s3_t **out, sfs_error_t *err)
         curl_easy_cleanup(c);
     const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
     const char *token = getenv("AWS_SESSION_TOKEN");
-    if (id && *id && secret && !truthy(getenv("AWS_SKIP_SIGNATURE"))) {
+    int sign = id && *id && secret && !truthy(getenv("AWS_SKIP_SIGNATURE"));
+    if (sign) {
         if (asprintf(&s->userpwd, "%s:%s", id, secret) < 0)
             s->userpwd = NULL;
         if (asprintf(&s->sigv4, "aws:amz:%s:s3", region) < 0)
@@ -124,7 +125,7 @@ int sfs_s3_new(const char *source, sfs_s3_t **out, sfs_error_t *err)
     }
     pthread_mutex_unlock(&config.lock);
     s->timeout_ms = (long)timeout * 1000;
-    if (!s->source || !s->bucket || !s->key || !s->url || !escaped || (id && *id && secret && !s->userpwd)) {
+    if (!s->source || !s->bucket || !s->key || !s->url || !escaped || (sign && (!s->userpwd || !s->sigv4))) {
         sfs_s3_close(s);
         return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", source);
     }

@@ -14,7 +14,7 @@ APT_PACKAGES := git libcmph-dev libssl-dev libfuse3-dev fuse3 pkg-config gcc mak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CFLAGS_C := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(shell pkg-config --cflags cmph 2>/dev/null)
 LIBS_C := $(shell pkg-config --libs cmph 2>/dev/null || echo -lcmph) \
-	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto) -lzstd -lz -lcurl
+	$(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto) -lzstd -lz -ldl
 # The test oracle of the MOSAIC perfect hash (shardfs/c/ph/: Rust, the ph
 # crate itself) needs cargo >= 1.78, as on the machines CI runs on.
 CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
@@ -157,7 +157,7 @@ FUZZ_LIB_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/sidecar.c shardf
 	shardfs/c/kind_mosaic.c shardfs/c/mosaic.c shardfs/c/gof.c shardfs/c/remote_copy.c shardfs/c/s3.c \
 	shardfs/c/kind_s3.c
 # what the kinds link (libzstd, zlib: MOSAIC files; libcurl: S3)
-FUZZ_LIBS := -lzstd -lz -lcurl
+FUZZ_LIBS := -lzstd -lz -ldl
 FUZZ_DEPS := tests/fuzz/fuzz_common.h $(FUZZ_LIB_SOURCES) $(C_HEADERS)
 
 $(SAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)

@@ -23,13 +23,11 @@ def pkg_config(flag, package, default):
 cflags = pkg_config("--cflags-only-I", "cmph", []) + pkg_config("--cflags-only-I", "fuse3", ["-I/usr/include/fuse3"])
 libs = (pkg_config("--libs", "cmph", ["-lcmph"]) + pkg_config("--libs", "libcrypto", ["-lcrypto"])
         + pkg_config("--libs", "fuse3", ["-lfuse3"]) + pkg_config("--libs", "libzstd", ["-lzstd"])
-        + pkg_config("--libs", "zlib", ["-lz"]) + pkg_config("--libs", "libcurl", ["-lcurl"]) + ["-lpthread"])
+        + pkg_config("--libs", "zlib", ["-lz"]) + ["-lpthread", "-ldl"])
 
 # librbd is optional: with its headers, rbd:POOL/IMAGE sources (shardfs/c/rbd.h);
 # librados and librbd themselves are loaded (dlopen) at the first such source.
 rbd = any(os.path.exists(os.path.join(d, "rbd/librbd.h")) for d in ("/usr/include", "/usr/local/include"))
-if rbd:
-    libs += ["-ldl"]
 
 extension = Extension(
     "shardfs._shardfs",

@@ -361,3 +361,66 @@ def test_server_stopped_then_killed_under_a_mount(s3, tmp_path, mounter):
     read_fails(keys[2], 5)
     cluster.start_rgw(port)
     assert (point / keys[2]).read_bytes() == Path(files[keys[2]]).read_bytes()
+
+
+def test_mosaic_files_in_s3(s3, tmp_path, mounter):
+    """MOSAIC files written by swh.mosaic (raw, zstd, zstd with a
+    dictionary, some objects deleted), uploaded to the bucket: read as
+    shards by the API (every object as swh's reader gives it, deleted and
+    absent keys absent, a second open from the local copy) and through a
+    ``--shard-dir s3://`` mount beside a Read Shard (sha256sum of every
+    file)."""
+    cluster, endpoint, client, env, shard = s3
+    fixtures = tmp_path / "fixtures"
+    subprocess.run([sys.executable, str(Path(__file__).with_name("mosaic_fixtures.py")), str(fixtures), "--objects",
+                    "200"], check=True, capture_output=True, timeout=600)
+    expected, per_file = {}, {}
+    for name in ("raw", "zstd", "zstd_dict", "deleted_zstd"):
+        client.upload_file(str(fixtures / f"{name}.mosaic"), BUCKET, f"mosaic/{name}")
+        lines = (fixtures / f"{name}.mosaic.manifest").read_text().splitlines()
+        names = next(line.split()[1:] for line in lines if line.startswith("indexes "))
+        at = names.index("sha256")
+        for line in lines:
+            f = line.split()
+            if f[0] == "O":
+                expected[f[1 + at]] = f[len(names) + 2]
+                per_file[name] = per_file.get(name, 0) + 1
+            elif f[0] == "D":
+                expected.setdefault("deleted", []).append(f[1 + at])
+    deleted = expected.pop("deleted")
+    client.upload_file(str(shard), BUCKET, "mosaic/docs.shard")
+    code = """
+import hashlib, json, os, sys
+from shardfs.shard import Shard
+from shardfs import s3
+s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"])
+expected, deleted = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ok = 0
+for name in ("raw", "zstd", "zstd_dict", "deleted_zstd", "raw"):
+    with Shard("s3://shards/mosaic/" + name) as sh:
+        assert sh.kind == "mosaic", sh.kind
+        for key in sh.keys():
+            data = sh[key]
+            ok += hashlib.sha256(data).hexdigest() == expected[key.hex()] == hashlib.sha256(data).hexdigest()
+            if len(data) > 10:
+                off, size = sh.locate(key)
+                assert sh.pread(off, size, 3, 5) == data[3:8]
+        assert not any(bytes.fromhex(k) in sh for k in deleted)
+print(ok)
+"""
+    import json
+
+    proc = _python(env, code, json.dumps(expected), json.dumps(deleted))
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) == sum(per_file.values()) + per_file["raw"]  # raw opened twice: from its copy
+    point = tmp_path / "m"
+    mounter._claim(point)
+    proc = subprocess.run(SHARDFS + ["mount", "--layout", "flat", "--cache-dir", env["SHARDFS_CACHE_DIR"],
+                                     "--shard-dir", f"s3://{BUCKET}/mosaic", str(point)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    want = dict(expected, **{k: k for k in _files()})
+    sums = run(["sha256sum", *want], cwd=point, check=True).stdout.split("\n")
+    got = {line.split()[1]: line.split()[0] for line in sums if line}
+    assert got == want
+    assert not any((point / k).exists() for k in deleted)

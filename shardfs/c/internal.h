@@ -146,6 +146,10 @@ int sfs_output_create(const char *path, mode_t mode, int *fd, char **tmp_path, s
  * to unlink and free). Call sfs_sync_directory(path) after. */
 int sfs_output_publish(int fd, char **tmp_path, const char *path);
 
+/* Give up an output not published: its temporary name (if any) removed
+ * and freed, fd closed (-1: none). */
+void sfs_output_discard(int fd, char **tmp_path);
+
 /* fsync the directory holding `path` (best effort: a rename is durable). */
 void sfs_sync_directory(const char *path);
 

@@ -233,7 +233,8 @@ extern const sfs_kind_t sfs_kind_mosaic; /* kind_mosaic.c: a file whose first by
                                           * magic, handed over by the file kind (SFS_EKIND) */
 
 /* What a kind's open() returns, internally, when the source is of another
- * kind it recognized by its content: the file kind, for a MOSAIC file;
+ * kind it recognized by its content: the file and s3 kinds, for a MOSAIC
+ * file (the mosaic kind reads one in a file or in S3);
  * sfs_open() then opens it with that kind. Never returned by sfs_open(). */
 #define SFS_EKIND (-100)
 

@@ -27,6 +27,8 @@
 #include "internal.h"
 #include "kind.h"
 #include "mosaic.h"
+#include "remote_copy.h"
+#include "s3.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +37,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define SLOT_SHIFT 32
 #define MAX_SLOTS (1ull << 30)
@@ -46,6 +49,7 @@
 typedef struct {
     sfs_mosaic_t *m;
     size_t index; /* the sha256 index */
+    sfs_s3_t *s3; /* a file in S3: m maps its local copy, objects are read with GETs (remote_open) */
 } mosaic_state_t;
 
 static inline const mosaic_state_t *state_of(const sfs_shard_t *s) { return sfs_kind_state(s); }
@@ -62,6 +66,7 @@ static inline void split(uint64_t offset, uint64_t *slot, uint64_t *within)
 }
 
 static void cache_forget(const sfs_mosaic_t *m);
+static int remote_open(sfs_shard_t *s, char *copy_path, size_t cap, sfs_error_t *err);
 
 static int mosaic_claims(const char *source) { return 0; /* by content only: file_open */ }
 
@@ -71,7 +76,16 @@ static int mosaic_open(sfs_shard_t *s, sfs_error_t *err)
     if (s->writable)
         return sfs_fail(err, SFS_EINVAL, 0, "%s: a MOSAIC file: shardfs does not write it (delete its "
                         "objects with swh's MosaicUpdater)", s->path);
-    int rc = sfs_mosaic_open(s->path, &st->m, err);
+    char copy_path[4096];
+    const char *local = s->path;
+    if (sfs_is_s3_source(s->path)) {
+        int rc = remote_open(s, copy_path, sizeof(copy_path), err);
+        if (rc != SFS_OK)
+            return rc;
+        local = copy_path;
+        s->flags |= SFS_KIND_REMOTE;
+    }
+    int rc = sfs_mosaic_open(local, &st->m, err);
     if (rc != SFS_OK)
         return rc;
     const sfs_mosaic_info_t *info = sfs_mosaic_info(st->m);
@@ -86,7 +100,7 @@ static int mosaic_open(sfs_shard_t *s, sfs_error_t *err)
                         "%llu a MOSAIC shard may have", s->path, (unsigned long long)slots,
                         (unsigned long long)MAX_SLOTS);
     /* the descriptor sfs_reopen_for_index and posix_fadvise use */
-    s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
+    s->fd = open(local, O_RDONLY | O_CLOEXEC);
     if (s->fd < 0)
         return sfs_fail(err, SFS_EIO, errno, "%s: %s", s->path, strerror(errno));
     sfs_header_t *h = &s->header;
@@ -113,6 +127,8 @@ static void mosaic_close(sfs_shard_t *s)
         cache_forget(st->m);
     sfs_mosaic_close(st->m);
     st->m = NULL;
+    sfs_s3_close(st->s3);
+    st->s3 = NULL;
 }
 
 static int mosaic_find(const sfs_shard_t *s, const uint8_t key[SFS_KEY_SIZE], uint32_t *slot, uint64_t *offset)
@@ -155,7 +171,8 @@ static uint64_t mosaic_object_size(const sfs_shard_t *s, uint64_t slot, uint64_t
     const mosaic_state_t *st = state_of(s);
     uint64_t object, size;
     if (object_of(st, slot, &object) != SFS_OK ||
-        sfs_mosaic_object_size(st->m, sfs_mosaic_thread_ctx(st->m), object, &size, NULL, NULL) != SFS_OK ||
+        (st->s3 ? sfs_mosaic_declared_size(st->m, object, &size, NULL)
+                : sfs_mosaic_object_size(st->m, sfs_mosaic_thread_ctx(st->m), object, &size, NULL, NULL)) != SFS_OK ||
         size > MAX_OBJECT)
         return UINT64_MAX; /* refused by the caller: SFS_ECORRUPT */
     return size;
@@ -166,12 +183,168 @@ static const uint8_t *mosaic_data(const sfs_shard_t *s, uint64_t offset, uint64_
     const mosaic_state_t *st = state_of(s);
     uint64_t slot, within, object, stored;
     split(offset, &slot, &within);
-    if (within < SFS_SIZE_FIELD_SIZE || sfs_mosaic_info(st->m)->compression != SFS_MOSAIC_NONE ||
+    if (within < SFS_SIZE_FIELD_SIZE || sfs_mosaic_info(st->m)->compression != SFS_MOSAIC_NONE || st->s3 ||
         object_of(st, slot, &object) != SFS_OK)
         return NULL;
     const uint8_t *p = sfs_mosaic_stored(st->m, object, &stored, NULL);
     within -= SFS_SIZE_FIELD_SIZE;
     return p && within <= stored && length <= stored - within ? p + within : NULL;
+}
+
+/* ---------------------------------------------------------------- a MOSAIC file in S3
+ *
+ * Source "s3://BUCKET/KEY" whose first bytes are EBML's magic (the s3 kind
+ * hands it over: SFS_EKIND). Its local copy, in the cache directory as the
+ * s3 kind's (<cache>/s3/<bucket>/<key>.<ETag>-<size>.mosaic), is a sparse
+ * file as large as the object holding its bytes before the tiles (EBML
+ * header, ContainerMetaData), every byte after them (the indexes), and the
+ * first HEAD_BYTES of every Object element the sha256 index names (its ID,
+ * size and zstd frame header): mosaic.c opens it as the file, a lookup and
+ * an object's size read only it (sfs_mosaic_declared_size), and a cold
+ * object costs one ranged GET of its stored bytes. Built once per ETag;
+ * every GET carries If-Match (a replaced object: ESTALE). */
+
+#define HEAD_BYTES 32            /* of each Object element: ID (1), size (<= 8), frame header (<= 18) */
+#define COPY_CHUNK (4u << 20)    /* bytes per GET while copying */
+#define METADATA_MAX (16u << 20) /* bytes before the tiles read at most (the zstd dictionary is there) */
+#define HEAD_BATCH 256           /* element heads asked at once */
+
+static int copy_range(sfs_s3_t *s3, int fd, uint64_t from, uint64_t to, uint8_t *buf, const char *src, sfs_error_t *err)
+{
+    for (uint64_t at = from; at < to;) {
+        size_t len = to - at < COPY_CHUNK ? (size_t)(to - at) : COPY_CHUNK;
+        int64_t got = sfs_s3_pread(s3, buf, len, at);
+        if (got != (int64_t)len)
+            return sfs_fail(err, SFS_EIO, got < 0 ? (int)-got : EIO, "%s: copying byte %llu: %s", src,
+                            (unsigned long long)at, got < 0 ? sfs_s3_error(s3) : "short read");
+        if (sfs_pwrite_all(fd, buf, len, at) < 0)
+            return sfs_fail(err, SFS_EIO, errno, "%s: writing its local copy: %s", src, strerror(errno));
+        at += len;
+    }
+    return SFS_OK;
+}
+
+/* Build the local copy of s->path (`size` bytes) at copy_path. */
+static int remote_build(const char *src, sfs_s3_t *s3, uint64_t size, const char *copy_path, sfs_error_t *err)
+{
+    int fd = -1, rc;
+    char *tmp = NULL, self[64];
+    uint8_t *buf = malloc(COPY_CHUNK);
+    sfs_mosaic_t *m = NULL;
+    uint64_t tiles, end;
+    if (!buf)
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", src);
+    if ((rc = sfs_copy_directories(src, copy_path, err)) != SFS_OK ||
+        (rc = sfs_output_create(copy_path, 0644, &fd, &tmp, err)) != SFS_OK)
+        goto out;
+    if (ftruncate(fd, (off_t)size) < 0) {
+        rc = sfs_fail(err, SFS_EIO, errno, "%s: its local copy: %s", src, strerror(errno));
+        goto out;
+    }
+    snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+    /* the metadata, then the indexes, then every object's head */
+    if ((rc = copy_range(s3, fd, 0, size < METADATA_MAX ? size : METADATA_MAX, buf, src, err)) != SFS_OK ||
+        (rc = sfs_mosaic_layout(self, &tiles, &end, err)) != SFS_OK ||
+        (rc = copy_range(s3, fd, end > METADATA_MAX ? end : METADATA_MAX, size, buf, src, err)) != SFS_OK ||
+        (rc = sfs_mosaic_open(self, &m, err)) != SFS_OK)
+        goto out;
+    int x = sfs_mosaic_find_index(m, SFS_MOSAIC_SHA256);
+    uint64_t slots = x < 0 ? 0 : sfs_mosaic_index(m, (size_t)x)->slots;
+    uint64_t offs[HEAD_BATCH];
+    size_t lens[HEAD_BATCH];
+    void *bufs[HEAD_BATCH];
+    int64_t got[HEAD_BATCH];
+    for (uint64_t first = 0; first < slots && rc == SFS_OK; first += HEAD_BATCH) {
+        size_t k = 0;
+        for (uint64_t i = first; i < slots && i < first + HEAD_BATCH; i++) {
+            uint64_t object;
+            if (sfs_mosaic_slot(m, (size_t)x, i, NULL, &object, NULL) != SFS_OK || object < tiles || object >= end)
+                continue; /* deleted (checked again at every read) */
+            offs[k] = object;
+            lens[k] = end - object < HEAD_BYTES ? (size_t)(end - object) : HEAD_BYTES;
+            bufs[k] = buf + k * HEAD_BYTES;
+            k++;
+        }
+        if (k && sfs_s3_pread_many(s3, k, offs, lens, bufs, got) < 0)
+            rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", src);
+        for (size_t j = 0; j < k && rc == SFS_OK; j++)
+            if (got[j] != (int64_t)lens[j])
+                rc = sfs_fail(err, SFS_EIO, got[j] < 0 ? (int)-got[j] : EIO, "%s: reading the object at byte %llu: %s",
+                              src, (unsigned long long)offs[j], got[j] < 0 ? sfs_s3_error(s3) : "short read");
+            else if (sfs_pwrite_all(fd, bufs[j], lens[j], offs[j]) < 0)
+                rc = sfs_fail(err, SFS_EIO, errno, "%s: writing its local copy: %s", src, strerror(errno));
+    }
+    if (rc != SFS_OK)
+        goto out;
+    if (fdatasync(fd) < 0 || sfs_output_publish(fd, &tmp, copy_path) < 0) {
+        rc = sfs_fail(err, SFS_EIO, errno, "%s: writing its local copy %s: %s", src, copy_path, strerror(errno));
+        goto out;
+    }
+    sfs_sync_directory(copy_path);
+out:
+    sfs_mosaic_close(m);
+    sfs_output_discard(fd, &tmp);
+    free(buf);
+    return rc;
+}
+
+/* The connection and the local copy (built when missing) of s->path, a
+ * MOSAIC file in S3: its path into copy_path. */
+static int remote_open(sfs_shard_t *s, char *copy_path, size_t cap, sfs_error_t *err)
+{
+    mosaic_state_t *st = sfs_kind_state(s);
+    const char *cache;
+    uint64_t size;
+    char etag[SFS_S3_ETAG_MAX];
+    int rc = sfs_s3_open_object(s->path, &st->s3, &size, etag, &cache, err);
+    if (rc != SFS_OK || (rc = sfs_s3_copy_path(st->s3, cache, etag, size, "mosaic", copy_path, cap, err)) != SFS_OK)
+        return rc;
+    if (access(copy_path, F_OK) == 0)
+        return SFS_OK;
+    return remote_build(s->path, st->s3, size, copy_path, err);
+}
+
+/* Bytes [within, within + length) of the object at `object`: one GET of
+ * its stored bytes (the part asked, for a raw file), decoded here. */
+static int remote_read(const mosaic_state_t *st, uint64_t object, uint64_t within, void *dst, size_t length)
+{
+    uint64_t data, stored;
+    size_t got = 0;
+    int rc = sfs_mosaic_object(st->m, object, &data, &stored, NULL);
+    if (rc != SFS_OK) {
+        errno = EIO;
+        return SFS_EIO;
+    }
+    if (sfs_mosaic_info(st->m)->compression == SFS_MOSAIC_NONE) {
+        if (within > stored || length > stored - within) {
+            errno = EIO;
+            return SFS_EIO;
+        }
+        int64_t n = length ? sfs_s3_pread(st->s3, dst, length, data + within) : 0;
+        if (n == (int64_t)length)
+            return SFS_OK;
+        errno = n < 0 ? (int)-n : EIO;
+        return SFS_EIO;
+    }
+    uint8_t *bytes = malloc(stored ? stored : 1);
+    if (!bytes) {
+        errno = ENOMEM;
+        return SFS_EIO;
+    }
+    int64_t n = stored ? sfs_s3_pread(st->s3, bytes, stored, data) : 0;
+    if (n != (int64_t)stored) {
+        free(bytes);
+        errno = n < 0 ? (int)-n : EIO;
+        return SFS_EIO;
+    }
+    rc = sfs_mosaic_decode(st->m, sfs_mosaic_thread_ctx(st->m), object, bytes, stored, within, dst, length, &got,
+                           NULL);
+    free(bytes);
+    if (rc != SFS_OK || got != length) {
+        errno = rc == SFS_ENOMEM ? ENOMEM : EIO;
+        return SFS_EIO;
+    }
+    return SFS_OK;
 }
 
 /* ---------------------------------------------------------------- decoded objects
@@ -315,6 +488,8 @@ static int read_object(const sfs_shard_t *s, uint64_t slot, uint64_t within, voi
     uint64_t object, data, stored;
     size_t got = 0;
     int rc = object_of(st, slot, &object);
+    if (rc == SFS_OK && st->s3)
+        return remote_read(st, object, within, dst, length);
     if (rc == SFS_OK && length > MMAP_COPY_MAX && sfs_mosaic_info(st->m)->compression == SFS_MOSAIC_NONE &&
         (rc = sfs_mosaic_object(st->m, object, &data, &stored, NULL)) == SFS_OK) {
         /* one device request for the range, not one per 4 KiB page fault
@@ -367,7 +542,7 @@ static void mosaic_prefetch(const sfs_shard_t *s, uint64_t offset, uint64_t leng
     const mosaic_state_t *st = state_of(s);
     uint64_t slot, within, object;
     split(offset, &slot, &within);
-    if (object_of(st, slot, &object) == SFS_OK)
+    if (!st->s3 && object_of(st, slot, &object) == SFS_OK)
         sfs_mosaic_prefetch_object(st->m, object, within + length);
 }
 

@@ -9,7 +9,9 @@
  * a copy of its own. Only the bytes of objects are read from the server:
  * one ranged GET each, carrying If-Match with the copied ETag (a replaced
  * object fails with ESTALE, never gives another object's bytes). Flag
- * SFS_KIND_REMOTE: those reads cross the network.
+ * SFS_KIND_REMOTE: those reads cross the network. An object that starts
+ * with EBML's magic is a MOSAIC file: handed to the mosaic kind
+ * (SFS_EKIND), which reads it in S3 its own way (kind_mosaic.c).
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -37,46 +39,26 @@ static int copy_pread_many(void *conn, size_t n, const uint64_t *offs, const siz
 
 static const sfs_remote_ops_t s3_copy_ops = {copy_pread, copy_pread_many};
 
-/* `in` with every byte outside [A-Za-z0-9._-] written %XX, into out. */
-static int name_part(const char *in, char *out, size_t cap)
-{
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
-        int plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-                    *p == '.' || *p == '_' || *p == '-';
-        if (n + 4 >= cap)
-            return -1;
-        n += (size_t)(plain ? snprintf(out + n, cap - n, "%c", *p) : snprintf(out + n, cap - n, "%%%02X", *p));
-    }
-    out[n] = 0;
-    return 0;
-}
-
 static int s3_open(sfs_shard_t *s, sfs_error_t *err)
 {
     sfs_remote_state_t *st = state_of(s);
-    const char *src = s->path, *cache = sfs_s3_cache_dir();
+    const char *src = s->path, *cache;
     if (s->writable)
         return sfs_fail(err, SFS_EINVAL, 0, "%s: S3 objects are opened read-only", src);
     st->ops = &s3_copy_ops;
     sfs_s3_t *s3 = NULL;
-    int rc = sfs_s3_new(src, &s3, err);
+    uint64_t size;
+    char etag[SFS_S3_ETAG_MAX];
+    int rc = sfs_s3_open_object(src, &s3, &size, etag, &cache, err);
     st->conn = s3;
     if (rc != SFS_OK)
         return rc;
-    if (!cache)
-        return sfs_fail(err, SFS_EINVAL, 0, "%s: no cache directory for its local copy", src);
-    uint64_t size;
-    char etag[SFS_S3_ETAG_MAX];
-    if ((rc = sfs_s3_head(s3, &size, etag, err)) != SFS_OK)
+    char copy_path[4096], mosaic_path[4096];
+    if ((rc = sfs_s3_copy_path(s3, cache, etag, size, "copy", copy_path, sizeof(copy_path), err)) != SFS_OK ||
+        (rc = sfs_s3_copy_path(s3, cache, etag, size, "mosaic", mosaic_path, sizeof(mosaic_path), err)) != SFS_OK)
         return rc;
-    char bucket[600], key[1500], tag[400], copy_path[4096];
-    if (name_part(sfs_s3_bucket(s3), bucket, sizeof(bucket)) < 0 ||
-        name_part(sfs_s3_key(s3), key, sizeof(key)) < 0 || name_part(etag, tag, sizeof(tag)) < 0 ||
-        (size_t)snprintf(copy_path, sizeof(copy_path), "%s/s3/%s/%s.%s-%llu.copy", cache, bucket, key, tag,
-                         (unsigned long long)size) >= sizeof(copy_path))
-        return sfs_fail(err, SFS_EINVAL, 0, "%s: its name is too long for a local copy's path", src);
-    sfs_s3_expect(s3, etag);
+    if (access(mosaic_path, F_OK) == 0)
+        return SFS_EKIND; /* a MOSAIC file, copied before: the mosaic kind's (kind_mosaic.c) */
     uint8_t raw[SFS_HEADER_END];
     for (int attempt = 0; attempt < 2; attempt++) {
         if ((rc = sfs_copy_open(s, copy_path, &st->sizes, &st->sizes_offset, raw, err)) != SFS_ENOTFOUND)
@@ -90,6 +72,10 @@ static int s3_open(sfs_shard_t *s, sfs_error_t *err)
         }
         if (attempt)
             break;
+        uint8_t magic[4];
+        if (size >= sizeof(magic) && sfs_s3_pread(s3, magic, sizeof(magic), 0) == (int64_t)sizeof(magic) &&
+            memcmp(magic, "\x1a\x45\xdf\xa3", sizeof(magic)) == 0)
+            return SFS_EKIND; /* EBML: a MOSAIC file */
         if ((rc = sfs_copy_build(src, &s3_copy_ops, s3, size, copy_path, err)) != SFS_OK)
             return rc;
     }

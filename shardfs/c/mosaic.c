@@ -97,6 +97,7 @@ struct sfs_mosaic {
     char *path;
     char **comments;
     size_t *comment_len;
+    int metadata_only; /* sfs_mosaic_layout: the indexes are not read */
 };
 
 struct sfs_mosaic_ctx {
@@ -549,7 +550,7 @@ static int parse(sfs_mosaic_t *m, sfs_error_t *err)
         if (e.id == SFS_MOSAIC_ID_METADATA)
             break;
     }
-    if ((rc = parse_metadata(m, &e, err)) != SFS_OK)
+    if ((rc = parse_metadata(m, &e, err)) != SFS_OK || m->metadata_only)
         return rc;
     /* Every element after the tiles; the Indexes among them. */
     for (at = m->info.end_of_tiles; at < mosaic.end; at = e.end) {
@@ -562,7 +563,7 @@ static int parse(sfs_mosaic_t *m, sfs_error_t *err)
     return SFS_OK;
 }
 
-int sfs_mosaic_open(const char *path, sfs_mosaic_t **out, sfs_error_t *err)
+static int open_file(const char *path, int metadata_only, sfs_mosaic_t **out, sfs_error_t *err)
 {
     *out = NULL;
     sfs_mosaic_t *m = calloc(1, sizeof(*m));
@@ -570,6 +571,7 @@ int sfs_mosaic_open(const char *path, sfs_mosaic_t **out, sfs_error_t *err)
         free(m);
         return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", path);
     }
+    m->metadata_only = metadata_only;
     /* O_NONBLOCK: opening a FIFO must not wait for a writer (its type is
      * refused right after). */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), rc, is_blk;
@@ -608,6 +610,23 @@ fail:
     if (fd >= 0)
         close(fd);
     sfs_mosaic_close(m);
+    return rc;
+}
+
+int sfs_mosaic_open(const char *path, sfs_mosaic_t **out, sfs_error_t *err)
+{
+    return open_file(path, 0, out, err);
+}
+
+int sfs_mosaic_layout(const char *path, uint64_t *tiles_position, uint64_t *end_of_tiles, sfs_error_t *err)
+{
+    sfs_mosaic_t *m;
+    int rc = open_file(path, 1, &m, err);
+    if (rc == SFS_OK) {
+        *tiles_position = m->info.tiles_position;
+        *end_of_tiles = m->info.end_of_tiles;
+        sfs_mosaic_close(m);
+    }
     return rc;
 }
 
@@ -1016,6 +1035,46 @@ int sfs_mosaic_object_size(const sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, uint64_
     if (exact)
         *exact = 1;
     return SFS_OK;
+}
+
+int sfs_mosaic_declared_size(const sfs_mosaic_t *m, uint64_t object, uint64_t *size, sfs_error_t *err)
+{
+    uint64_t data, stored;
+    int rc = sfs_mosaic_object(m, object, &data, &stored, err);
+    if (rc != SFS_OK)
+        return rc;
+    if (m->info.compression == SFS_MOSAIC_NONE || stored == 0) {
+        *size = stored;
+        return SFS_OK;
+    }
+    /* a frame header is at most 18 bytes (magic 4, descriptor 1, window 1,
+     * dictionary ID up to 4, content size up to 8: RFC 8878, 3.1.1.1) */
+    unsigned long long declared = ZSTD_getFrameContentSize(m->map + data, stored < 18 ? (size_t)stored : 18);
+    if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN)
+        return CORRUPT("%s: object at byte %llu: its zstd frame header gives no content size", m->path, ULL(object));
+    *size = declared;
+    return SFS_OK;
+}
+
+int sfs_mosaic_decode(const sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, uint64_t object, const uint8_t *stored_bytes,
+                      uint64_t stored, uint64_t offset, void *dst, size_t length, size_t *got, sfs_error_t *err)
+{
+    *got = 0;
+    if (m->info.compression == SFS_MOSAIC_NONE) {
+        if (offset >= stored)
+            return SFS_OK;
+        size_t n = stored - offset < length ? (size_t)(stored - offset) : length;
+        memcpy(dst, stored_bytes + offset, n);
+        *got = n;
+        return SFS_OK;
+    }
+    if (length == 0)
+        return SFS_OK;
+    uint64_t decoded;
+    int rc = zstd_decode_ctx(m, ctx, object, stored_bytes, (size_t)stored, offset, dst, length, &decoded, err);
+    if (rc == SFS_OK)
+        *got = (size_t)decoded;
+    return rc;
 }
 
 int sfs_mosaic_read(const sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, uint64_t object,

@@ -319,6 +319,28 @@ int sfs_mosaic_object_size(const sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, uint64_
 int sfs_mosaic_read(const sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, uint64_t object,
                     uint64_t offset, void *dst, size_t length, size_t *got, sfs_error_t *err);
 
+/* A MOSAIC file whose tiles are not here (a local copy of a file in S3:
+ * kind_mosaic.c): the object's element header and its first bytes are,
+ * the rest is read by the caller.
+ *
+ * sfs_mosaic_layout: parse `path`'s EBML header and ContainerMetaData
+ * only (as sfs_mosaic_open does, the indexes left unread) and give where
+ * the tiles start and end (byte offsets). Errors as sfs_mosaic_open.
+ *
+ * sfs_mosaic_declared_size: the decoded size of the object at `object`
+ * from its element header and its first zstd frame's header only (a raw
+ * object: its stored size), where sfs_mosaic_object_size reads every
+ * frame: for files written as swh-mosaic writes them, one frame per
+ * object with its content size (SFS_ECORRUPT when the frame header has
+ * none).
+ *
+ * sfs_mosaic_decode: sfs_mosaic_read from `stored` bytes the caller read
+ * (the element's data: stored_bytes[0] is its first byte). */
+int sfs_mosaic_layout(const char *path, uint64_t *tiles_position, uint64_t *end_of_tiles, sfs_error_t *err);
+int sfs_mosaic_declared_size(const sfs_mosaic_t *m, uint64_t object, uint64_t *size, sfs_error_t *err);
+int sfs_mosaic_decode(const sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, uint64_t object, const uint8_t *stored_bytes,
+                      uint64_t stored, uint64_t offset, void *dst, size_t length, size_t *got, sfs_error_t *err);
+
 /* What sfs_mosaic_check saw. */
 typedef struct sfs_mosaic_check_stats {
     uint64_t tiles;         /* Tile elements */

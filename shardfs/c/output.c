@@ -144,3 +144,14 @@ void sfs_sync_directory(const char *path)
     }
     free(copy);
 }
+
+void sfs_output_discard(int fd, char **tmp_path)
+{
+    if (*tmp_path) {
+        unlink(*tmp_path);
+        free(*tmp_path);
+        *tmp_path = NULL;
+    }
+    if (fd >= 0)
+        close(fd);
+}

@@ -80,6 +80,19 @@ static int read_size_fields(const sfs_remote_ops_t *ops, void *conn, const live_
     return SFS_OK;
 }
 
+int sfs_copy_directories(const char *src, const char *copy_path, sfs_error_t *err)
+{
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", copy_path);
+    for (char *at = strchr(dir + 1, '/'); at; at = strchr(at + 1, '/')) {
+        *at = 0;
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+            return sfs_fail(err, SFS_EIO, errno, "%s: creating %s: %s", src, dir, strerror(errno));
+        *at = '/';
+    }
+    return SFS_OK;
+}
+
 int sfs_copy_build(const char *src, const sfs_remote_ops_t *ops, void *conn, uint64_t size, const char *copy_path,
                    sfs_error_t *err)
 {
@@ -120,18 +133,8 @@ int sfs_copy_build(const char *src, const sfs_remote_ops_t *ops, void *conn, uin
     uint64_t extent = h->hash_position + dump, sizes_offset = align_page(extent);
     uint64_t total = sizes_offset + 8 * t.slots + COPY_TRAILER;
 
-    /* the directories above the copy */
-    char dir[4096];
-    snprintf(dir, sizeof(dir), "%s", copy_path);
-    for (char *at = strchr(dir + 1, '/'); at; at = strchr(at + 1, '/')) {
-        *at = 0;
-        if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-            rc = sfs_fail(err, SFS_EIO, errno, "%s: creating %s: %s", src, dir, strerror(errno));
-            goto out;
-        }
-        *at = '/';
-    }
-    if ((rc = sfs_output_create(copy_path, 0644, &fd, &tmp, err)) != SFS_OK)
+    if ((rc = sfs_copy_directories(src, copy_path, err)) != SFS_OK ||
+        (rc = sfs_output_create(copy_path, 0644, &fd, &tmp, err)) != SFS_OK)
         goto out;
     if (ftruncate(fd, (off_t)total) < 0)
         goto io;
@@ -260,12 +263,7 @@ io:
 nomem:
     rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", src);
 out:
-    if (tmp) {
-        unlink(tmp);
-        free(tmp);
-    }
-    if (fd >= 0)
-        close(fd);
+    sfs_output_discard(fd, &tmp);
     free(buf);
     free(index);
     free(sizes);

@@ -41,6 +41,9 @@ typedef struct {
 int sfs_copy_build(const char *src, const sfs_remote_ops_t *ops, void *conn, uint64_t size, const char *copy_path,
                    sfs_error_t *err);
 
+/* Create the directories above copy_path (mode 0700). SFS_OK or SFS_EIO. */
+int sfs_copy_directories(const char *src, const char *copy_path, sfs_error_t *err);
+
 /* Open the local copy at copy_path into s (s->path the source): s->fd,
  * the mapping, the header, extent, slots, file_size and the perfect hash
  * set; *sizes the slots' sizes (u64 little-endian, in the mapping) at byte

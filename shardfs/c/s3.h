@@ -85,6 +85,20 @@ int64_t sfs_s3_pread(sfs_s3_t *s, void *buf, size_t len, uint64_t off);
 int sfs_s3_pread_many(sfs_s3_t *s, size_t n, const uint64_t *offs, const size_t *lens, void *const *bufs,
                       int64_t *got);
 
+/* A remote kind's open: sfs_s3_new, the cache directory of local copies
+ * into *cache (SFS_EINVAL when none is set), the HEAD's size and ETag, and
+ * sfs_s3_expect of that ETag. *out is set (the caller closes it) whenever
+ * sfs_s3_new succeeded. */
+int sfs_s3_open_object(const char *source, sfs_s3_t **out, uint64_t *size, char etag[SFS_S3_ETAG_MAX],
+                       const char **cache, sfs_error_t *err);
+
+/* The path of the local copy of the connection's object as (etag, size)
+ * name it: <cache>/s3/<bucket>/<key>.<ETag>-<size>.<suffix>, every byte of
+ * bucket, key and ETag outside [A-Za-z0-9._-] written %XX. SFS_OK, or
+ * SFS_EINVAL when longer than cap. */
+int sfs_s3_copy_path(const sfs_s3_t *s, const char *cache, const char *etag, uint64_t size, const char *suffix,
+                     char *out, size_t cap, sfs_error_t *err);
+
 /* The one-line message of the connection's last failed request, "" when
  * none (valid until the next call on s). */
 const char *sfs_s3_error(sfs_s3_t *s);

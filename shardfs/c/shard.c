@@ -171,7 +171,7 @@ int sfs_open(const char *path, int writable, sfs_shard_t **out, sfs_error_t *err
             break;
         }
     int rc = open_kind(kind, path, writable, out, err);
-    if (rc == SFS_EKIND) /* the file kind found a MOSAIC file */
+    if (rc == SFS_EKIND) /* the file or s3 kind found a MOSAIC file */
         rc = open_kind(&sfs_kind_mosaic, path, writable, out, err);
     return rc;
 }

@@ -14,7 +14,6 @@ the endpoint, region and timeout.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 from typing import Dict, List, Optional, Tuple
 
@@ -71,6 +70,8 @@ _listed: Dict[str, Tuple[int, int, int]] = {}
 def identity(etag: str, size: int) -> Tuple[int, int, int]:
     """An S3 object's identity as a shard set compares files' (three ints,
     the last 0: not a device): from its ETag and size."""
+    import hashlib  # not at import: _hashlib loads OpenSSL (~2 MB) into every process
+
     return (int.from_bytes(hashlib.sha256(etag.strip('"').encode()).digest()[:8], "big"), size, 0)
 
 

@@ -406,6 +406,8 @@ for name in ("raw", "zstd", "zstd_dict", "deleted_zstd", "raw"):
                 off, size = sh.locate(key)
                 assert sh.pread(off, size, 3, 5) == data[3:8]
         assert not any(bytes.fromhex(k) in sh for k in deleted)
+        keys = list(sh.keys())
+        assert sh.get_batch(keys + [b"\\0" * 32]) == [sh[k] for k in keys] + [None]  # GETs in flight at once
 print(ok)
 """
     import json

@@ -546,6 +546,74 @@ static void mosaic_prefetch(const sfs_shard_t *s, uint64_t offset, uint64_t leng
         sfs_mosaic_prefetch_object(st->m, object, within + length);
 }
 
+/* Ranges of several objects (sfs_read_many: Shard.get_batch, index
+ * builds): in S3, every GET of a group in flight at once (a zstd object's
+ * stored bytes whole, decoded once arrived); in a file, one after the
+ * other. */
+static void mosaic_read_batch(const sfs_shard_t *s, size_t n, const uint64_t *offsets, const size_t *lengths,
+                              void *const *dsts, int *results)
+{
+    enum { BATCH = 64 };
+    const mosaic_state_t *st = state_of(s);
+    int first_errno = 0, zstd = sfs_mosaic_info(st->m)->compression != SFS_MOSAIC_NONE;
+    for (size_t i = 0; i < n && !st->s3; i++)
+        if (results[i] == SFS_OK && (results[i] = mosaic_read(s, offsets[i], dsts[i], lengths[i])) != SFS_OK &&
+            !first_errno)
+            first_errno = errno;
+    for (size_t base = 0; base < n && st->s3; base += BATCH) {
+        uint64_t offs[BATCH], within[BATCH], objects[BATCH];
+        size_t lens[BATCH], at[BATCH], k = 0;
+        void *bufs[BATCH];
+        int64_t got[BATCH];
+        for (size_t i = base; i < n && i < base + BATCH; i++) {
+            uint64_t slot, w, object, data, stored;
+            if (results[i] != SFS_OK || !lengths[i])
+                continue;
+            split(offsets[i], &slot, &w);
+            if (w < SFS_SIZE_FIELD_SIZE || object_of(st, slot, &object) != SFS_OK ||
+                sfs_mosaic_object(st->m, object, &data, &stored, NULL) != SFS_OK ||
+                (!zstd && (w - SFS_SIZE_FIELD_SIZE > stored || lengths[i] > stored - (w - SFS_SIZE_FIELD_SIZE)))) {
+                results[i] = SFS_EIO;
+                first_errno = first_errno ? first_errno : EIO;
+                continue;
+            }
+            w -= SFS_SIZE_FIELD_SIZE;
+            offs[k] = zstd ? data : data + w;
+            lens[k] = zstd ? (size_t)stored : lengths[i];
+            bufs[k] = zstd ? malloc(stored ? stored : 1) : dsts[i];
+            within[k] = w;
+            objects[k] = object;
+            at[k] = i;
+            if (!bufs[k]) {
+                results[i] = SFS_EIO;
+                first_errno = first_errno ? first_errno : ENOMEM;
+                continue;
+            }
+            k++;
+        }
+        if (k && sfs_s3_pread_many(st->s3, k, offs, lens, bufs, got) < 0)
+            for (size_t j = 0; j < k; j++)
+                got[j] = -ENOMEM;
+        for (size_t j = 0; j < k; j++) {
+            size_t i = at[j], decoded = 0;
+            int e = got[j] < 0 ? (int)-got[j] : got[j] != (int64_t)lens[j] ? EIO : 0;
+            if (!e && zstd &&
+                (sfs_mosaic_decode(st->m, sfs_mosaic_thread_ctx(st->m), objects[j], bufs[j], lens[j], within[j], dsts[i],
+                                   lengths[i], &decoded, NULL) != SFS_OK ||
+                 decoded != lengths[i]))
+                e = EIO;
+            if (zstd)
+                free(bufs[j]);
+            if (e) {
+                results[i] = SFS_EIO;
+                first_errno = first_errno ? first_errno : e;
+            }
+        }
+    }
+    if (first_errno)
+        errno = first_errno;
+}
+
 /* The view (kind.h): from inside one slot's size field and object, up to
  * the object's end (fewer bytes than asked: the next call starts at the
  * next slot's size field, as a forward-only reader asks, hashindex.c). */
@@ -660,6 +728,7 @@ const sfs_kind_t sfs_kind_mosaic = {
     .object_size = mosaic_object_size,
     .data = mosaic_data,
     .read = mosaic_read,
+    .read_batch = mosaic_read_batch,
     .prefetch = mosaic_prefetch,
     .source_read = mosaic_source_read,
     .find = mosaic_find,

@@ -233,6 +233,38 @@ def test_mount_serves_images_and_write_shards_and_hides_deleted(winery, mounter,
 
 
 @needs_fuse
+@pytest.mark.parametrize("level", [None, 3])
+def test_mosaic_pool_is_served_by_the_api_and_the_mount(postgres_server, mounter, tmp_path, level):
+    """A winery whose shards pool is swh's ``mosaic`` type (swh's packer
+    writes every image as a MOSAIC file: raw, or zstd): the API and a
+    mount serve every object of its images and write shards, sha256sum-clean;
+    an object deleted by swh (its row, then swh's cleaner's
+    ``MosaicUpdater.delete`` in the image) is gone from both."""
+    from winery_deploy import Deployment
+
+    winery = Deployment(postgres_server, tmp_path / "pools", shard_max_size=4096, pool_type="mosaic",
+                        pool_name="mosaics", compression_level=level)
+    try:
+        data, where = build(winery)
+        images = [p for p in (tmp_path / "pools" / "mosaics").iterdir()]
+        assert images and all(p.read_bytes()[:4] == b"\x1a\x45\xdf\xa3" for p in images)  # EBML: MOSAIC files
+        gone = where["readonly"][3]
+        winery.delete(gone)
+        assert winery.clean_deleted() == 1  # swh's MosaicUpdater.delete on the image
+        with store_of(winery) as store:
+            assert store.get_batch(list(data)) == [None if key == gone else data[key] for key in data]
+            assert gone not in store
+        point = mount_winery(mounter, winery, tmp_path / "m")
+        names = [key.hex() for key in data if key != gone]
+        out = run(["sha256sum", *names], cwd=point, check=True).stdout
+        assert sum(line.split()[0] == line.split()[1] for line in out.splitlines()) == len(names)
+        assert not path_of(point, gone).exists()
+    finally:
+        winery.close()
+        winery.drop()
+
+
+@needs_fuse
 def test_mount_is_live_new_objects_shards_and_takedowns(winery, mounter, tmp_path):
     data, where = build(winery, readonly=10, packed=10, written=5)
     point = mount_winery(mounter, winery, tmp_path / "m")

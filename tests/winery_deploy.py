@@ -123,6 +123,10 @@ class Deployment:
       rw_idle_timeout: seconds after which swh's writer puts an idle writing
         shard back to ``standby`` (large by default: tests decide).
       dbname: the database name (default: a new unique name).
+      pool_type: "directory" (Read Shard images, swh's ``ShardBackedPool``)
+        or "mosaic" (MOSAIC file images, swh's ``MosaicBackedPool``, with
+        ``compression_level``: None for raw, else zstd's level); either way
+        images are ``<pools_dir>/<pool_name>/<shard name>``.
 
     Attributes: ``server``, ``dbname``, ``dsn``, ``readonly_dsn``,
     ``pools_dir`` (str), ``pool_name``, ``shard_max_size``, ``pool_settings``
@@ -135,7 +139,7 @@ class Deployment:
 
     def __init__(self, server, pools_dir, *, shard_max_size=DEFAULT_SHARD_MAX_SIZE,
                  pool_name=DEFAULT_POOL_NAME, use_permissions=True, rw_idle_timeout=3600,
-                 dbname=None):
+                 dbname=None, pool_type="directory", compression_level=None):
         self.server = server
         self.dbname = dbname or f"winery_{uuid.uuid4().hex[:16]}"
         self.pools_dir = str(pools_dir)
@@ -149,12 +153,14 @@ class Deployment:
         self.readonly_dsn = server.dsn(self.dbname, user=READONLY_USER,
                                        password=READONLY_PASSWORD)
         self.pool_settings = {
-            "type": "directory",
+            "type": pool_type,
             "pool_name": pool_name,
             "base_directory": self.pools_dir,
             "shard_max_size": shard_max_size,
             "use_permissions": use_permissions,
         }
+        if pool_type == "mosaic":
+            self.pool_settings["compression_level"] = compression_level
         self.settings = {
             "database": {"db": self.dsn},
             "shards_pools": [self.pool_settings],

@@ -784,11 +784,31 @@ def _tell_mounts(shard: str, keys: List[bytes]) -> None:
             logger.info("mount %s: %d object(s) invalidated", mount.point, answer.get("invalidated", 0))
 
 
+def _winery_config_dsn(args: argparse.Namespace) -> Optional[str]:
+    """The DSN of --winery-config's settings (None without it). Raises
+    WineryError (one line) for a file that is not swh's winery settings, or
+    ShardError when --winery or --winery-pools-dir is given too."""
+    from shardfs.errors import ShardError
+
+    if not getattr(args, "winery_config", None):
+        return None
+    if args.winery or args.winery_pools_dir:
+        raise ShardError("--winery-config names the database and the pools: give no --winery nor "
+                         "--winery-pools-dir with it")
+    from shardfs.winery import pool_sources
+
+    return pool_sources(args.winery_config)[0]
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     """Mount shards read-only through FUSE (shardfs.fuse.mount.mount_shards)."""
     if not args.paths:
         raise UsageError("mount: the following arguments are required: MOUNTPOINT (see 'shardfs mount --help')")
     shards, mountpoint = args.paths[:-1], args.paths[-1]
+    if getattr(args, "winery_config", None):  # swh's settings: the database and the pools
+        dsn = _winery_config_dsn(args)
+        args.winery_pools_dir = os.path.abspath(args.winery_config)
+        args.winery = dsn
     if args.winery is not None:
         from shardfs.winery import require_psycopg
 
@@ -1224,7 +1244,8 @@ def _add_mount_parser(command) -> None:
     # options may come anywhere among them.
     p.usage = "%(prog)s [-h] [-f] [-o OPTIONS] [--shard-dir DIR] [--layout L] [--slicing S]\n" \
               "       [--cache-dir DIR] [--log-file FILE] [--debug] [SHARD ...] MOUNTPOINT\n" \
-              "       %(prog)s [options] --winery DSN [--winery-pools-dir DIR] MOUNTPOINT"
+              "       %(prog)s [options] --winery DSN [--winery-pools-dir DIR] MOUNTPOINT\n" \
+              "       %(prog)s [options] --winery-config FILE MOUNTPOINT"
     p.add_argument("paths", metavar="[SHARD ...] MOUNTPOINT", nargs="*",
                    help="shard files, block devices or RBD images (rbd:POOL/IMAGE), then an existing empty "
                         "directory")
@@ -1235,6 +1256,10 @@ def _add_mount_parser(command) -> None:
                    help="mount a winery object storage: its Read Shards and the objects still in its "
                         "PostgreSQL database, named by DSN (a libpq connection string; SELECT rights "
                         "suffice; keep the password in ~/.pgpass), followed live")
+    p.add_argument("--winery-config", metavar="FILE",
+                   help="mount the winery deployment Software Heritage's settings FILE describe (its YAML: "
+                        "database: {db: DSN}, shards_pools: directory, mosaic, rbd and mosaic-s3 pools, each "
+                        "image read where its pool puts it); instead of --winery and --winery-pools-dir")
     p.add_argument("--winery-pools-dir", metavar="DIR",
                    help="with --winery: the base directory of a directory shards pool (images in "
                         "DIR/<pool>/<shard>; default: Ceph images mapped under /dev/rbd/<pool>/<shard>)")

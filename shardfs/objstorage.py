@@ -21,6 +21,8 @@ them read Read Shards. A configuration, as ``objstorage:`` holds it::
     hashes: [sha1, sha1_git]      # also find ids by these (default: primary_hash, unless sha256)
 
 or ``winery: {dsn: "postgresql://reader@db/winery", pools_dir: /srv/pools}``
+(or ``winery: {config: /etc/swh/winery.yml}``: Software Heritage's own
+winery settings, its database and ``shards_pools``)
 (``pools_dir`` optional: images under /dev/rbd/<pool>/<name>; ``rbd: librbd``
 instead: images read through librbd, nothing mapped) instead of
 ``shards``/``shard_dir``. Object ids are swh ``HashDict``s (a dict of
@@ -120,14 +122,20 @@ class ShardfsObjStorage(ObjStorage):
             if self._paths or shard_dir:
                 raise ConfigError("shardfs objstorage: 'winery' stands alone: give no 'shards' nor 'shard_dir' "
                                   "with it")
-            unknown = set(self._winery) - {"dsn", "pools_dir", "rbd"}
+            unknown = set(self._winery) - {"dsn", "pools_dir", "rbd", "config"}
             if self._winery.pop("rbd", "mapped") == "librbd":
                 from shardfs.winery import LIBRBD
 
                 self._winery["pools_dir"] = LIBRBD
+            config = self._winery.pop("config", None)
+            if config is not None:  # swh's own winery settings: the database and the pools
+                from shardfs.winery import pool_sources
+
+                self._winery.setdefault("dsn", pool_sources(config)[0])
+                self._winery["pools_dir"] = os.path.abspath(config)
             if not self._winery.get("dsn") or unknown:
                 raise ConfigError("shardfs objstorage: 'winery' needs 'dsn' (and optionally 'pools_dir', or "
-                                  "'rbd: librbd')"
+                                  "'rbd: librbd'), or 'config': swh's winery settings file"
                                   + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""))
             if self._hashes:
                 raise ConfigError("shardfs objstorage: 'winery' finds objects by sha256 only (primary_hash "

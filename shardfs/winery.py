@@ -309,6 +309,51 @@ class ShardRow:
     pool_name: str
 
 
+#: The pool name swh gives a pool of each type when its settings name none
+#: (swh-objstorage 7.4.1, backends/winery/settings.py).
+DEFAULT_POOL_NAMES = {"rbd": "shards", "directory": "shards", "mosaic": "mosaics", "mosaic-s3": "mosaics"}
+
+
+def pool_sources(path: str) -> Tuple[str, Dict[str, str]]:
+    """Read a winery deployment's settings as Software Heritage writes them
+    (swh-objstorage 7.4's YAML: the winery objstorage's keys at the top or
+    under ``objstorage:``, its ``database: {db: DSN}`` and ``shards_pools``):
+    (the DSN, {pool name: where its images are, with ``{name}`` for the
+    shard's name}). Pool types (swh's ``pools/``): ``directory`` and
+    ``mosaic``, ``<base_directory>/<pool_name>/{name}``; ``rbd``,
+    ``/dev/rbd/<pool_name>/{name}`` (mapped on this host);
+    ``mosaic-s3``, ``<base_url>/<pool_name>/{name}<image_extension>`` (an
+    ``s3://`` source). Raises WineryError (one line) for a file that is not
+    such settings."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise WineryError(f"winery settings {path}: {exc}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("objstorage"), dict):
+        doc = doc["objstorage"]
+    pools = doc.get("shards_pools") if isinstance(doc, dict) else None
+    dsn = (doc.get("database") or {}).get("db") if isinstance(doc, dict) else None
+    if not isinstance(pools, list) or not isinstance(dsn, str):
+        raise WineryError(f"winery settings {path}: expected swh's winery settings (database: {{db: DSN}}, "
+                          "shards_pools: [...])")
+    found = {}
+    for pool in pools:
+        kind = pool.get("type") if isinstance(pool, dict) else None
+        if kind not in DEFAULT_POOL_NAMES:
+            raise WineryError(f"winery settings {path}: unknown shards pool type {kind!r}")
+        name = pool.get("pool_name", DEFAULT_POOL_NAMES[kind])
+        if kind in ("directory", "mosaic"):
+            found[name] = os.path.join(pool["base_directory"], name, "{name}")
+        elif kind == "rbd":
+            found[name] = os.path.join(RBD_DIR, name, "{name}")
+        else:
+            found[name] = f"{pool['base_url'].rstrip('/')}/{name}/{{name}}{pool.get('image_extension') or ''}"
+    return dsn, found
+
+
 @dataclass
 class CatalogChange:
     """What one `Catalog.sync` changed: shards added to and removed from
@@ -348,12 +393,19 @@ class Catalog:
         self.hidden: Dict[bytes, Set[int]] = {}
         #: Images that failed to open: id -> message (logged once).
         self._missing: Dict[int, str] = {}
+        #: Pool name -> image source template, from a settings file (`pool_sources`).
+        self._pools: Optional[Dict[str, str]] = None
         self.polled_at = 0.0
         self.polls = 0
 
     def image_path(self, row: ShardRow) -> str:
         """Where `row`'s image is on this host: a path, or with `pools_dir`
-        LIBRBD the source ``rbd:<pool_name>/<name>``."""
+        LIBRBD the source ``rbd:<pool_name>/<name>``; with `pools_dir` a
+        swh winery settings file (`pool_sources`), where its pool puts it."""
+        if self._pools is None and self.pools_dir not in (None, LIBRBD) and os.path.isfile(self.pools_dir):
+            self._pools = pool_sources(self.pools_dir)[1]
+        if self._pools and row.pool_name in self._pools:
+            return self._pools[row.pool_name].format(name=row.name)
         if self.pools_dir == LIBRBD:
             return f"{LIBRBD}{row.pool_name}/{row.name}"
         base = self.pools_dir if self.pools_dir is not None else RBD_DIR

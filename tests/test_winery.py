@@ -265,6 +265,40 @@ def test_mosaic_pool_is_served_by_the_api_and_the_mount(postgres_server, mounter
 
 
 @needs_fuse
+def test_mount_takes_swh_winery_settings(postgres_server, mounter, tmp_path):
+    """``--winery-config FILE``: the deployment's own settings, as swh
+    writes them (``objstorage: {cls: winery, database: {db: DSN},
+    shards_pools: [...], shards_active_pool}``): the database and where
+    each pool keeps its images come from there (here a ``mosaic`` pool
+    whose base directory no other option names); every object served."""
+    import yaml
+    from winery_deploy import Deployment
+
+    winery = Deployment(postgres_server, tmp_path / "elsewhere", shard_max_size=4096, pool_type="mosaic",
+                        pool_name="mosaics", compression_level=3)
+    try:
+        data, _ = build(winery)
+        config = tmp_path / "winery.yml"
+        config.write_text(yaml.safe_dump({"objstorage": {
+            "cls": "winery", "database": {"db": winery.readonly_dsn},
+            "shards_pools": [dict(winery.pool_settings)], "shards_active_pool": "mosaics"}}))
+        from shardfs.objstorage import ShardfsObjStorage
+
+        storage = ShardfsObjStorage(winery={"config": str(config)}, cache_dir=str(tmp_path / "cache"))
+        assert all(storage.get({"sha256": key}) == content for key, content in data.items())
+        point = mounter.mount([], tmp_path / "m", "--winery-config", str(config))
+        names = [key.hex() for key in data]
+        out = run(["sha256sum", *names], cwd=point, check=True).stdout
+        assert sum(line.split()[0] == line.split()[1] for line in out.splitlines()) == len(names)
+        proc = run(SHARDFS + ["mount", "--winery-config", str(config), "--winery", winery.readonly_dsn,
+                              str(tmp_path / "m2")])
+        assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1
+    finally:
+        winery.close()
+        winery.drop()
+
+
+@needs_fuse
 def test_mount_is_live_new_objects_shards_and_takedowns(winery, mounter, tmp_path):
     data, where = build(winery, readonly=10, packed=10, written=5)
     point = mount_winery(mounter, winery, tmp_path / "m")

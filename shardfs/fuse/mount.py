@@ -635,8 +635,9 @@ def _mount_winery(dsn: str, mountpoint: str, foreground: bool, options: Optional
         pools_dir = LIBRBD
     elif pools_dir is not None:
         pools_dir = os.path.abspath(pools_dir)
-        if not os.path.isdir(pools_dir):
-            raise _shard_error(f"winery pools directory {pools_dir} is not a directory")
+        if not os.path.isdir(pools_dir) and not os.path.isfile(pools_dir):
+            raise _shard_error(f"winery pools directory {pools_dir} is neither a directory nor swh's winery "
+                               "settings file")
     settings = _settings(own, layout, slicing, cache_dir, workers, default_layout="fanout")
     mp = check_mountpoint(mountpoint)
     check(dsn)  # a wrong DSN or a database that is not winery's: one line, now

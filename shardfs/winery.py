@@ -331,7 +331,7 @@ def pool_sources(path: str) -> Tuple[str, Dict[str, str]]:
         with open(path) as f:
             doc = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as exc:
-        raise WineryError(f"winery settings {path}: {exc}") from None
+        raise WineryError(f"winery settings {path}: {' '.join(str(exc).split())}") from None
     if isinstance(doc, dict) and isinstance(doc.get("objstorage"), dict):
         doc = doc["objstorage"]
     pools = doc.get("shards_pools") if isinstance(doc, dict) else None
@@ -345,6 +345,9 @@ def pool_sources(path: str) -> Tuple[str, Dict[str, str]]:
         if kind not in DEFAULT_POOL_NAMES:
             raise WineryError(f"winery settings {path}: unknown shards pool type {kind!r}")
         name = pool.get("pool_name", DEFAULT_POOL_NAMES[kind])
+        where = {"directory": "base_directory", "mosaic": "base_directory", "mosaic-s3": "base_url"}.get(kind)
+        if where and not isinstance(pool.get(where), str):
+            raise WineryError(f"winery settings {path}: the {kind} pool {name!r} has no {where}")
         if kind in ("directory", "mosaic"):
             found[name] = os.path.join(pool["base_directory"], name, "{name}")
         elif kind == "rbd":

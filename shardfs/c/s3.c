@@ -143,8 +143,9 @@ int sfs_s3_new(const char *source, sfs_s3_t **out, sfs_error_t *err)
     pthread_once(&curl_once, curl_start);
     if (lib_error[0])
         return sfs_fail(err, SFS_EIO, ENOSYS, "%s: %s", source, lib_error);
-    const char *rest = source + strlen(SFS_S3_PREFIX), *slash = strchr(rest, '/');
-    if (!sfs_is_s3_source(source) || !slash || slash == rest || !slash[1])
+    const char *rest = sfs_is_s3_source(source) ? source + strlen(SFS_S3_PREFIX) : NULL;
+    const char *slash = rest ? strchr(rest, '/') : NULL;
+    if (!slash || slash == rest || !slash[1])
         return sfs_fail(err, SFS_EINVAL, 0, "%s: not an S3 source: write s3://BUCKET/KEY", source);
     sfs_s3_t *s = calloc(1, sizeof(*s));
     if (!s)
@@ -154,6 +155,10 @@ int sfs_s3_new(const char *source, sfs_s3_t **out, sfs_error_t *err)
     s->source = strdup(source);
     s->bucket = strndup(rest, (size_t)(slash - rest));
     s->key = strdup(slash + 1);
+    if (!s->source || !s->bucket || !s->key) {
+        sfs_s3_close(s);
+        return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", source);
+    }
     pthread_mutex_lock(&config.lock);
     const char *endpoint = config.endpoint ? config.endpoint : env("AWS_ENDPOINT_URL", "AWS_ENDPOINT");
     const char *region = config.region ? config.region : env("AWS_REGION", "AWS_DEFAULT_REGION");
@@ -192,7 +197,7 @@ int sfs_s3_new(const char *source, sfs_s3_t **out, sfs_error_t *err)
     }
     pthread_mutex_unlock(&config.lock);
     s->timeout_ms = (long)timeout * 1000;
-    if (!s->source || !s->bucket || !s->key || !s->url || !escaped || (sign && (!s->userpwd || !s->sigv4))) {
+    if (!s->url || !escaped || (sign && (!s->userpwd || !s->sigv4))) {
         sfs_s3_close(s);
         return sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory", source);
     }

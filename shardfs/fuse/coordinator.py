@@ -227,8 +227,9 @@ class Coordinator:
         self._mounted = False
         self.catalog = catalog
         self._poll_at = time.monotonic()
-        #: The shard directory is an RBD pool (rbd:POOL), listed every
-        #: `shardfs.rbd.POLL_SECONDS` (images have no inotify).
+        #: The shard directory is an RBD pool (rbd:POOL) or an S3 prefix
+        #: (s3://BUCKET/PREFIX), listed every `shardfs.rbd.POLL_SECONDS`
+        #: (the same 2 s as `shardfs.s3.POLL_SECONDS`: no inotify there).
         self._polls_pool = self.shards.shard_dir is not None and is_remote_source(self.shards.shard_dir)
         #: Building the global index failed once: not tried again.
         self._index_failed = False

@@ -493,7 +493,6 @@ int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_
         }
     /* the digests the source's own index gives (a MOSAIC file's), no
      * object read for them */
-    size_t counts[2] = {n, n};
     for (int k = 0; k < 2; k++) {
         own_t own = {pairs[k], 0, n};
         int got = pairs[k] ? sfs_own_digests(shard, k == 0 ? SFS_HASH_SHA1 : SFS_HASH_SHA1_GIT, own_emit, &own)
@@ -503,9 +502,8 @@ int sfs_hashindex_build(const sfs_shard_t *shard, const uint8_t identity[SFS_HX_
             goto out;
         }
         if (got == SFS_OK) {
-            counts[k] = own.count;
             rc = write_pairs(paths[k], k == 0 ? SFS_HASH_SHA1 : SFS_HASH_SHA1_GIT, identity, slots, pairs[k],
-                             counts[k], err);
+                             own.count, err);
             free(pairs[k]);
             pairs[k] = NULL;
             if (rc != SFS_OK)

@@ -1083,24 +1083,7 @@ int sfs_mosaic_read(const sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, uint64_t objec
     *got = 0;
     uint64_t data, stored;
     int rc = sfs_mosaic_object(m, object, &data, &stored, err);
-    if (rc != SFS_OK)
-        return rc;
-    if (m->info.compression == SFS_MOSAIC_NONE) {
-        if (offset >= stored)
-            return SFS_OK;
-        size_t n = stored - offset < length ? (size_t)(stored - offset) : length;
-        memcpy(dst, m->map + data + offset, n);
-        *got = n;
-        return SFS_OK;
-    }
-    if (length == 0)
-        return SFS_OK;
-    uint64_t decoded;
-    if ((rc = zstd_decode_ctx(m, ctx, object, m->map + data, (size_t)stored, offset, dst, length,
-                              &decoded, err)) != SFS_OK)
-        return rc;
-    *got = (size_t)decoded;
-    return SFS_OK;
+    return rc != SFS_OK ? rc : sfs_mosaic_decode(m, ctx, object, m->map + data, stored, offset, dst, length, got, err);
 }
 
 /* ---------------------------------------------------------------- check */

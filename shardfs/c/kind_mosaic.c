@@ -205,31 +205,15 @@ static const uint8_t *mosaic_data(const sfs_shard_t *s, uint64_t offset, uint64_
  * every GET carries If-Match (a replaced object: ESTALE). */
 
 #define HEAD_BYTES 32            /* of each Object element: ID (1), size (<= 8), frame header (<= 18) */
-#define COPY_CHUNK (4u << 20)    /* bytes per GET while copying */
 #define METADATA_MAX (16u << 20) /* bytes before the tiles read at most (the zstd dictionary is there) */
 #define HEAD_BATCH 256           /* element heads asked at once */
-
-static int copy_range(sfs_s3_t *s3, int fd, uint64_t from, uint64_t to, uint8_t *buf, const char *src, sfs_error_t *err)
-{
-    for (uint64_t at = from; at < to;) {
-        size_t len = to - at < COPY_CHUNK ? (size_t)(to - at) : COPY_CHUNK;
-        int64_t got = sfs_s3_pread(s3, buf, len, at);
-        if (got != (int64_t)len)
-            return sfs_fail(err, SFS_EIO, got < 0 ? (int)-got : EIO, "%s: copying byte %llu: %s", src,
-                            (unsigned long long)at, got < 0 ? sfs_s3_error(s3) : "short read");
-        if (sfs_pwrite_all(fd, buf, len, at) < 0)
-            return sfs_fail(err, SFS_EIO, errno, "%s: writing its local copy: %s", src, strerror(errno));
-        at += len;
-    }
-    return SFS_OK;
-}
 
 /* Build the local copy of s->path (`size` bytes) at copy_path. */
 static int remote_build(const char *src, sfs_s3_t *s3, uint64_t size, const char *copy_path, sfs_error_t *err)
 {
     int fd = -1, rc;
     char *tmp = NULL, self[64];
-    uint8_t *buf = malloc(COPY_CHUNK);
+    uint8_t *buf = malloc(SFS_COPY_CHUNK);
     sfs_mosaic_t *m = NULL;
     uint64_t tiles, end;
     if (!buf)
@@ -243,9 +227,10 @@ static int remote_build(const char *src, sfs_s3_t *s3, uint64_t size, const char
     }
     snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
     /* the metadata, then the indexes, then every object's head */
-    if ((rc = copy_range(s3, fd, 0, size < METADATA_MAX ? size : METADATA_MAX, buf, src, err)) != SFS_OK ||
+    if ((rc = sfs_copy_range(src, &sfs_s3_ops, s3, fd, 0, size < METADATA_MAX ? size : METADATA_MAX, buf, err)) != SFS_OK ||
         (rc = sfs_mosaic_layout(self, &tiles, &end, err)) != SFS_OK ||
-        (rc = copy_range(s3, fd, end > METADATA_MAX ? end : METADATA_MAX, size, buf, src, err)) != SFS_OK ||
+        (rc = sfs_copy_range(src, &sfs_s3_ops, s3, fd, end > METADATA_MAX ? end : METADATA_MAX, size, buf, err)) !=
+            SFS_OK ||
         (rc = sfs_mosaic_open(self, &m, err)) != SFS_OK)
         goto out;
     int x = sfs_mosaic_find_index(m, SFS_MOSAIC_SHA256);

@@ -29,23 +29,13 @@ static inline sfs_remote_state_t *state_of(const sfs_shard_t *s) { return sfs_ki
 
 static int s3_claims(const char *source) { return sfs_is_s3_source(source); }
 
-static int64_t copy_pread(void *conn, void *buf, size_t len, uint64_t off) { return sfs_s3_pread(conn, buf, len, off); }
-
-static int copy_pread_many(void *conn, size_t n, const uint64_t *offs, const size_t *lens, void *const *bufs,
-                           int64_t *got)
-{
-    return sfs_s3_pread_many(conn, n, offs, lens, bufs, got);
-}
-
-static const sfs_remote_ops_t s3_copy_ops = {copy_pread, copy_pread_many};
-
 static int s3_open(sfs_shard_t *s, sfs_error_t *err)
 {
     sfs_remote_state_t *st = state_of(s);
     const char *src = s->path, *cache;
     if (s->writable)
         return sfs_fail(err, SFS_EINVAL, 0, "%s: S3 objects are opened read-only", src);
-    st->ops = &s3_copy_ops;
+    st->ops = &sfs_s3_ops;
     sfs_s3_t *s3 = NULL;
     uint64_t size;
     char etag[SFS_S3_ETAG_MAX];
@@ -76,7 +66,7 @@ static int s3_open(sfs_shard_t *s, sfs_error_t *err)
         if (size >= sizeof(magic) && sfs_s3_pread(s3, magic, sizeof(magic), 0) == (int64_t)sizeof(magic) &&
             memcmp(magic, "\x1a\x45\xdf\xa3", sizeof(magic)) == 0)
             return SFS_EKIND; /* EBML: a MOSAIC file */
-        if ((rc = sfs_copy_build(src, &s3_copy_ops, s3, size, copy_path, err)) != SFS_OK)
+        if ((rc = sfs_copy_build(src, &sfs_s3_ops, s3, size, copy_path, err)) != SFS_OK)
             return rc;
     }
     return sfs_fail(err, SFS_EIO, EIO, "%s: its local copy %s is unreadable after it was built", src, copy_path);

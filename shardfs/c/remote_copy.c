@@ -36,7 +36,7 @@
 #define COPY_MAGIC "SFSRBDC1"
 #define COPY_TRAILER 64
 #define COPY_HEAD_MAX 65536          /* bytes before the objects copied at most */
-#define COPY_CHUNK (4u << 20)        /* bytes per image read while copying */
+#define COPY_CHUNK SFS_COPY_CHUNK   /* bytes per read while copying */
 #define COPY_SIZE_BATCH 256          /* size fields read at once when they must be */
 #define COPY_SAMPLES 64              /* size fields checked against the offsets */
 
@@ -93,6 +93,23 @@ int sfs_copy_directories(const char *src, const char *copy_path, sfs_error_t *er
     return SFS_OK;
 }
 
+int sfs_copy_range(const char *src, const sfs_remote_ops_t *ops, void *conn, int fd, uint64_t from, uint64_t to,
+                   uint8_t *buf, sfs_error_t *err)
+{
+    for (uint64_t at = from; at < to;) {
+        size_t len = to - at < COPY_CHUNK ? (size_t)(to - at) : COPY_CHUNK;
+        int64_t got = ops->pread(conn, buf, len, at);
+        if (got != (int64_t)len) {
+            int e = got < 0 ? (int)-got : EIO;
+            return sfs_fail(err, SFS_EIO, e, "%s: copying byte %llu: %s", src, (unsigned long long)at, strerror(e));
+        }
+        if (sfs_pwrite_all(fd, buf, len, at) < 0)
+            return sfs_fail(err, SFS_EIO, errno, "%s: writing its local copy: %s", src, strerror(errno));
+        at += len;
+    }
+    return SFS_OK;
+}
+
 int sfs_copy_build(const char *src, const sfs_remote_ops_t *ops, void *conn, uint64_t size, const char *copy_path,
                    sfs_error_t *err)
 {
@@ -142,21 +159,9 @@ int sfs_copy_build(const char *src, const sfs_remote_ops_t *ops, void *conn, uin
         goto nomem;
     /* the bytes before the objects, then the index and the hash sections */
     uint64_t head = h->objects_position < COPY_HEAD_MAX ? h->objects_position : SFS_HEADER_END;
-    uint64_t ranges[2][2] = {{0, head}, {h->index_position, extent}};
-    for (int k = 0; k < 2; k++)
-        for (uint64_t at = ranges[k][0]; at < ranges[k][1];) {
-            size_t len = ranges[k][1] - at < COPY_CHUNK ? (size_t)(ranges[k][1] - at) : COPY_CHUNK;
-            got = ops->pread(conn, buf, len, at);
-            if (got != (int64_t)len) {
-                int e = got < 0 ? (int)-got : EIO;
-                rc = sfs_fail(err, SFS_EIO, e, "%s: copying byte %llu: %s", src,
-                              (unsigned long long)at, strerror(e));
-                goto out;
-            }
-            if (sfs_pwrite_all(fd, buf, len, at) < 0)
-                goto io;
-            at += len;
-        }
+    if ((rc = sfs_copy_range(src, ops, conn, fd, 0, head, buf, err)) != SFS_OK ||
+        (rc = sfs_copy_range(src, ops, conn, fd, h->index_position, extent, buf, err)) != SFS_OK)
+        goto out;
 
     /* each slot's object size: from the gaps between the objects' offsets
      * when the objects lie back to back (the writers' layout, checked on a

@@ -41,6 +41,14 @@ typedef struct {
 int sfs_copy_build(const char *src, const sfs_remote_ops_t *ops, void *conn, uint64_t size, const char *copy_path,
                    sfs_error_t *err);
 
+/* Bytes per read of sfs_copy_range: buf holds at least this many. */
+#define SFS_COPY_CHUNK (4u << 20)
+
+/* Copy the source's bytes [from, to) into fd at the same offsets, through
+ * ops/conn, SFS_COPY_CHUNK bytes per read into buf. SFS_OK or SFS_EIO. */
+int sfs_copy_range(const char *src, const sfs_remote_ops_t *ops, void *conn, int fd, uint64_t from, uint64_t to,
+                   uint8_t *buf, sfs_error_t *err);
+
 /* Create the directories above copy_path (mode 0700). SFS_OK or SFS_EIO. */
 int sfs_copy_directories(const char *src, const char *copy_path, sfs_error_t *err);
 

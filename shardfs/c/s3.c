@@ -517,3 +517,13 @@ int sfs_s3_open_object(const char *source, sfs_s3_t **out, uint64_t *size, char 
     sfs_s3_expect(*out, etag);
     return SFS_OK;
 }
+
+static int64_t ops_pread(void *conn, void *buf, size_t len, uint64_t off) { return sfs_s3_pread(conn, buf, len, off); }
+
+static int ops_pread_many(void *conn, size_t n, const uint64_t *offs, const size_t *lens, void *const *bufs,
+                          int64_t *got)
+{
+    return sfs_s3_pread_many(conn, n, offs, lens, bufs, got);
+}
+
+const sfs_remote_ops_t sfs_s3_ops = {ops_pread, ops_pread_many};

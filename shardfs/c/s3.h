@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "remote_copy.h"
 #include "shard.h"
 
 #define SFS_S3_PREFIX "s3://"
@@ -48,6 +49,10 @@
 #define SFS_S3_ETAG_MAX 128       /* bytes of an ETag, NUL included */
 
 typedef struct sfs_s3 sfs_s3_t;
+
+/* sfs_s3_pread and sfs_s3_pread_many as remote_copy.h's operations (conn:
+ * an sfs_s3_t): what the s3 and mosaic kinds copy and read through. */
+extern const sfs_remote_ops_t sfs_s3_ops;
 
 /* 1 when `source` starts with "s3://". */
 int sfs_is_s3_source(const char *source);

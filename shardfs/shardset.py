@@ -113,6 +113,10 @@ class MountedShard:
     hashes: Tuple[str, ...] = ()
     #: A hash index build of it failed: not tried again in this mount.
     hashes_failed: bool = False
+    #: In a winery mount, the id (``shards.id``) of the winery shard whose
+    #: image this is; None otherwise. Not its number: an image moved to
+    #: another pool is served as a new shard number, the same winery shard.
+    winery_shard: Optional[int] = None
     owner: Optional["ShardSet"] = field(default=None, repr=False)
 
     @property

@@ -445,25 +445,34 @@ class Catalog:
         self.polled_at = time.monotonic()
         self.polls += 1
         added, removed = [], []
+        serving: Dict[int, Any] = {}
         for member in shards.served():
-            if member.number not in rows:
+            if member.winery_shard not in rows:
                 shards.remove(member)
                 removed.append(member)
+            else:
+                serving[member.winery_shard] = member
         hidden = self._hide(deleted)
         for shard_id, row in sorted(rows.items()):
             if row.state not in IMAGE_STATES:
                 continue
-            member = shards.get(shard_id)
-            if member is not None:
-                continue
             path = self.image_path(row)
+            member = serving.get(shard_id)
+            if member is not None and member.path == path:
+                continue
+            # Not served yet, or its pool changed (swh's ``migrate-pool``
+            # copied the image, then moved the row): the image in its new
+            # pool replaces the old one in this very sync (one snapshot: no
+            # key missing or doubled), once it opens; until then the old
+            # one is served.
             try:
                 shard, sidecar = shards.open_candidate(path)
             except Exception as exc:
                 message = f"{exc}"
                 if self._missing.get(shard_id) != message:
                     self._missing[shard_id] = message
-                    log.info("shard %s (%s): image not served yet: %s", row.name, row.state, message)
+                    log.info("shard %s (%s, pool %s): image not served yet: %s", row.name, row.state,
+                             row.pool_name, message)
                 continue
             try:
                 unlisted = self.unlisted_keys(shard_id, shard)
@@ -472,10 +481,16 @@ class Catalog:
                 if sidecar is not None:
                     sidecar.close()
                 raise
+            if member is not None:
+                log.info("shard %s: its image moved to pool %s (%s)", row.name, row.pool_name, path)
+                shards.remove(member)
+                removed.append(member)
             hidden += self._hide((key, shard_id) for key in unlisted)
             self._missing.pop(shard_id, None)
-            added.append(shards.add(path, shard=shard, sidecar=sidecar, number=shard_id,
-                                    sidecar_dir=shards.cache_dir if sidecar is not None else None))
+            member = shards.add(path, shard=shard, sidecar=sidecar,
+                                sidecar_dir=shards.cache_dir if sidecar is not None else None)
+            member.winery_shard = shard_id
+            added.append(member)
         tables = {i: r.name for i, r in rows.items() if r.state not in NO_TABLE_STATES}
         tables_changed = tables != self.tables
         self.tables = tables
@@ -575,14 +590,22 @@ class Reader:
             return None
         member, slot, data_offset, size = found
         ids = self.hidden.get(key)
-        if ids is None or member.number not in ids:
-            return Location(size, member, slot, data_offset, member.number)
+        if ids is None or member.winery_shard not in ids:
+            return Location(size, member, slot, data_offset, member.winery_shard)
         for member in self.shards.served():  # rare: a copy is hidden
-            if member.number in ids:
+            if member.winery_shard in ids:
                 continue
             hit = member.shard.find(key)
             if hit is not None:
-                return Location(hit[2], member, hit[0], hit[1], member.number)
+                return Location(hit[2], member, hit[0], hit[1], member.winery_shard)
+        return None
+
+    def image_of(self, shard_id: int) -> Optional[Any]:
+        """The served image (MountedShard) of winery shard `shard_id`, or
+        None."""
+        for member in self.shards.served():
+            if member.winery_shard == shard_id:
+                return member
         return None
 
     def _table_query(self, name: str, what: str):
@@ -607,8 +630,8 @@ class Reader:
         if self.is_hidden(key, shard_id):
             return None
         if size is None:
-            member = self.shards.get(shard_id)
-            if member is not None and not member.removed:
+            member = self.image_of(shard_id)
+            if member is not None:
                 hit = member.shard.find(key)  # packed since the image lookup
                 if hit is not None:
                     return Location(hit[2], member, hit[0], hit[1], shard_id)
@@ -759,7 +782,7 @@ class Reader:
                     break  # a corrupt slot: the caller's read reports it
                 if hit is None:
                     continue
-                if hidden is None or number not in hidden:
+                if hidden is None or member.winery_shard not in hidden:
                     try:
                         done[i] = shard.try_pread(hit[1], hit[2], 0, hit[2])
                     except BlockingIOError:
@@ -864,7 +887,9 @@ class WineryStore:
 
     def refresh(self) -> None:
         """Poll the catalog now. Raises DatabaseUnavailable."""
-        self.catalog.sync(self.shards)
+        change = self.catalog.sync(self.shards)
+        for member in change.removed:
+            self.shards.discard(member)  # no file is open on it here
         self.reader.update(self.catalog.tables, self.catalog.hidden)
 
     def _maybe_refresh(self) -> None:

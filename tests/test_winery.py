@@ -537,3 +537,111 @@ def test_inode_rings_resolve_across_positions_and_go_stale_when_overwritten():
         assert state.ring_get(0, na) == (a, 10)
     finally:
         state.close()
+
+
+def _two_pool_settings(winery, pools_dir: Path, dsn: str) -> dict:
+    """swh's winery settings for `winery` with its directory pool
+    ``shards`` (active) and a ``mosaics`` pool (MOSAIC files, zstd) beside
+    it, in `pools_dir`."""
+    directory = dict(winery.pool_settings)
+    mosaics = {"type": "mosaic", "pool_name": "mosaics", "base_directory": str(pools_dir),
+               "shard_max_size": winery.shard_max_size, "compression_level": 3}
+    return {"objstorage": {"cls": "winery", "database": {"db": dsn},
+                           "shards_pools": [directory, mosaics], "shards_active_pool": "shards"}}
+
+
+@needs_fuse
+def test_images_moved_by_migrate_pool_stay_served_once(postgres_server, mounter, tmp_path):
+    """swh's own ``swh objstorage winery migrate-pool shards mosaics`` under
+    a mount and the API (Read Shard images of a ``directory`` pool copied
+    into MOSAIC files of a ``mosaic`` pool, then each image's row moved):
+    while it runs, every listing of the mount (fan-out layout) shows every
+    name exactly once and every object reads right; within the live bound
+    each image is served from its new pool; once the old images are
+    deleted and the page cache dropped, every object still reads, through
+    the mount and the API."""
+    import collections
+
+    import yaml
+    from winery_deploy import Deployment
+
+    from shardfs.winery import WineryStore
+
+    pools = tmp_path / "pools"
+    winery = Deployment(postgres_server, pools, shard_max_size=4096)
+    try:
+        contents = blobs("moved", 240)
+        keys = winery.add_many(contents)
+        winery.release()
+        winery.pack_full()
+        winery.clean()
+        data = dict(zip(keys, contents))
+        images = sorted(p.name for p in (pools / "shards").iterdir())
+        assert len(images) >= 10 and {s for _, _, s, _ in winery.shards()} == {"readonly"}
+        writer_config = tmp_path / "winery-rw.yml"
+        writer_config.write_text(yaml.safe_dump(_two_pool_settings(winery, pools, winery.dsn)))
+        config = tmp_path / "winery.yml"
+        config.write_text(yaml.safe_dump(_two_pool_settings(winery, pools, winery.readonly_dsn)))
+        point = mounter.mount([], tmp_path / "m", "--winery-config", str(config))
+        names = sorted(key.hex() for key in keys)
+
+        def fanout(name: str) -> Path:
+            return point / name[:2] / name[2:4] / name
+
+        faults: list = []
+        listings = [0]
+        stop = threading.Event()
+
+        def watch() -> None:
+            i = 0
+            while not stop.is_set():
+                listed = [f for _, _, files in os.walk(point) for f in files]
+                doubled = [n for n, c in collections.Counter(listed).items() if c > 1]
+                if doubled or sorted(set(listed)) != names:
+                    faults.append(f"listing: {len(set(names) - set(listed))} missing, {doubled[:3]} doubled")
+                listings[0] += 1
+                for key in keys[i % 7::7]:
+                    try:
+                        if fanout(key.hex()).read_bytes() != data[key]:
+                            faults.append(f"{key.hex()}: wrong bytes")
+                    except OSError as exc:
+                        faults.append(f"{key.hex()}: {exc}")
+                i += 1
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            time.sleep(0.5)
+            proc = run([str(Path(SHARDFS[0]).parent / "swh"), "objstorage", "winery", "migrate-pool",
+                        "--no-progress", "shards", "mosaics"], timeout=300,
+                       env=dict(os.environ, SWH_CONFIG_FILENAME=str(writer_config)))
+            assert proc.returncode == 0, proc.stderr
+            moved = time.monotonic()
+            moved_images = sorted(p.name for p in (pools / "mosaics").iterdir())
+            assert moved_images == images
+            assert all((pools / "mosaics" / n).read_bytes()[:4] == b"\x1a\x45\xdf\xa3" for n in images)
+            assert {p for _, _, _, p in winery.shards()} == {"mosaics"}
+            new_home = os.fsencode(str(pools / "mosaics"))
+
+            def all_moved() -> bool:
+                return all(os.getxattr(fanout(n), "user.shardfs.shard").startswith(new_home) for n in names)
+
+            assert wait_until(all_moved, timeout=LIVE_BOUND + 2, interval=0.2), \
+                "an image is still served from its old pool after the live bound"
+            print(f"every image served from its new pool {time.monotonic() - moved:.2f} s after the move")
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            watcher.join()
+        assert not faults, faults[:5]
+        assert listings[0] >= 3
+        for name in images:
+            (pools / "shards" / name).unlink()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        out = run(["sha256sum", *(str(fanout(n).relative_to(point)) for n in names)], cwd=point, check=True).stdout
+        assert sum(line.split()[0] == Path(line.split()[1]).name for line in out.splitlines()) == len(names)
+        with WineryStore(winery.readonly_dsn, pools_dir=str(config)) as store:
+            assert store.get_batch(keys) == contents
+    finally:
+        winery.close()
+        winery.drop()

@@ -747,11 +747,12 @@ class Coordinator:
         them as database objects (cached pages included)."""
         from shardfs.fuse.layout import db_inode
 
+        images = {m.winery_shard: m for m in self.shards.served()}
         for key, shard_id in pairs:
             name = key.hex()
             for parent in self.fs.layout.parents_of(name):
                 self._quiet_invalidate(self.session.invalidate_entry, parent, name.encode("ascii"))
-            member = self.shards.get(shard_id)
+            member = images.get(shard_id)
             if member is not None:
                 try:
                     hit = member.shard.find(key)
@@ -969,7 +970,8 @@ class Coordinator:
             {"number": m.number, "path": m.path, "ident": m.ident, "objects_count": m.objects_count,
              "slot_count": m.slot_count, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
              "removed": m.removed, "fd": m.held.fileno() if m.held is not None and not is_remote_source(m.path) else None,
-             "sidecar_dir": m.sidecar_dir, "live_count": m.live_count, "hashes": list(m.hashes)}
+             "sidecar_dir": m.sidecar_dir, "live_count": m.live_count, "hashes": list(m.hashes),
+             "winery_shard": m.winery_shard}
             for _, m in sorted(self.shards.shards.items())
         ]}
         if self.shards.hashes is not None:

@@ -480,7 +480,7 @@ class ShardFS:
             raise
         if found is None:
             raise FUSEError(errno.ENOENT)
-        if self.winery.reader.is_hidden(found[0], member.number):
+        if self.winery.reader.is_hidden(found[0], member.winery_shard):
             raise FUSEError(errno.ENOENT)  # taken down in the database
         return (member, found[1], found[2])
 
@@ -676,7 +676,7 @@ class ShardFS:
 
             time_ns = _ns(member.mtime)
             for slot_, key, _, size in member.shard.scan(first, READDIR_BATCH, on_corrupt=corrupt):
-                if hidden is not None and hidden(key, member.number):
+                if hidden is not None and hidden(key, member.winery_shard):
                     continue  # taken down in the database
                 if member.number and self.shards.find(key, below=member.number, count=False) is not None:
                     continue  # served by a lower-numbered shard
@@ -746,7 +746,7 @@ class ShardFS:
                 key, _, size = item
                 if key in best or not key.hex().startswith(hexprefix):
                     continue
-                if hidden is not None and hidden(key, member.number):
+                if hidden is not None and hidden(key, member.winery_shard):
                     continue  # taken down in the database
                 best[key] = (member, slot, size)
         entries: Dict[bytes, Tuple[int, int, int]] = {

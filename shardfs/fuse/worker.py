@@ -175,7 +175,8 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
             # opened through another process are read through this one.
             member = shards.add_entry(MountedShard(
                 number, entry["path"], tuple(entry["ident"]), entry["objects_count"], entry["slot_count"],
-                entry["extent"], entry["mtime"], identity=bytes.fromhex(entry["identity"])))
+                entry["extent"], entry["mtime"], identity=bytes.fromhex(entry["identity"]),
+                winery_shard=entry.get("winery_shard")))
         member.live_count = entry["live_count"]
         member.hashes = tuple(entry.get("hashes", ()))
         if entry["fd"] is not None:

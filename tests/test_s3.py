@@ -426,3 +426,70 @@ print(ok)
     got = {line.split()[1]: line.split()[0] for line in sums if line}
     assert got == want
     assert not any((point / k).exists() for k in deleted)
+
+
+def test_winery_mosaic_s3_pool_filled_by_swh_packer(s3, postgres_server, tmp_path, mounter, monkeypatch):
+    """A winery whose shards pool is swh's ``mosaic-s3`` type: swh's
+    writer, packer (MOSAIC files, zstd, uploaded by its
+    ``MosaicS3BackedPool``) and cleaners fill the bucket; shardfs, given
+    swh's own settings file, serves every object of the images in S3,
+    of a packed image and of the write shard, through a mount
+    (sha256sum), the API and the objstorage; an object deleted by swh is
+    gone from all three."""
+    import yaml
+    from winery_deploy import Deployment
+
+    from shardfs.objstorage import ShardfsObjStorage
+    from shardfs.winery import WineryStore
+
+    cluster, endpoint, client, env, shard = s3
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.setenv(name, env[name])  # swh's boto3 client (in this process) and the mount's
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SHARDFS_CACHE_DIR", str(cache))
+    client.create_bucket(Bucket="winery")
+    winery = Deployment(postgres_server, tmp_path / "pools", shard_max_size=4096, pool_type="mosaic-s3",
+                        pool_name="mosaics", compression_level=3, base_url="s3://winery/archive",
+                        boto3_config={"endpoint_url": endpoint})
+    try:
+        contents = [(f"s3-pool-{i}-".encode() * 40)[:300] + str(i).encode() for i in range(90)]
+        keys = winery.add_many(contents[:60])
+        winery.release()
+        winery.pack_full()
+        winery.clean()
+        keys += winery.add_many(contents[60:75])
+        winery.release()
+        winery.pack_full()  # packed: its image in S3 and its table
+        keys += winery.add_many(contents[75:])  # in a write shard only
+        data = dict(zip(keys, contents))
+        states = {state for _, _, state, _ in winery.shards()}
+        assert {"readonly", "packed", "writing"} <= states, states
+        listed = client.list_objects_v2(Bucket="winery", Prefix="archive/mosaics/")["Contents"]
+        images = {o["Key"].rsplit("/", 1)[1] for o in listed}
+        assert images == {name for _, name, state, _ in winery.shards() if state in ("readonly", "packed")}
+        for o in listed:
+            assert client.get_object(Bucket="winery", Key=o["Key"], Range="bytes=0-3")["Body"].read() == \
+                b"\x1a\x45\xdf\xa3"  # EBML: MOSAIC files
+        gone = keys[5]
+        winery.delete(gone)
+        winery.clean_deleted()
+        config = tmp_path / "winery.yml"
+        config.write_text(yaml.safe_dump({"objstorage": {
+            "cls": "winery", "database": {"db": winery.readonly_dsn},
+            "shards_pools": [dict(winery.pool_settings)], "shards_active_pool": "mosaics"}}))
+        point = mounter.mount([], tmp_path / "m", "--winery-config", str(config), "--cache-dir", str(cache))
+        names = [key.hex() for key in keys if key != gone]
+        out = run(["sha256sum", *names], cwd=point, check=True).stdout
+        assert sum(line.split()[0] == line.split()[1] for line in out.splitlines()) == len(names)
+        assert not (point / gone.hex()).exists()
+        copies = [n for _, _, files in os.walk(cache / "s3") for n in files if n.endswith(".mosaic")]
+        assert len(copies) == len(images), copies  # each image read from S3, through its local copy
+        with WineryStore(winery.readonly_dsn, pools_dir=str(config), cache_dir=str(cache)) as store:
+            assert store.get_batch(keys) == [None if k == gone else data[k] for k in keys]
+        storage = ShardfsObjStorage(winery={"config": str(config)}, cache_dir=str(cache))
+        assert all(storage.get({"sha256": k}) == data[k] for k in keys if k != gone)
+        with pytest.raises(Exception, match="not found|ObjNotFound|absent"):
+            storage.get({"sha256": gone})
+    finally:
+        winery.close()
+        winery.drop()

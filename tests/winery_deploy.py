@@ -126,7 +126,11 @@ class Deployment:
       pool_type: "directory" (Read Shard images, swh's ``ShardBackedPool``)
         or "mosaic" (MOSAIC file images, swh's ``MosaicBackedPool``, with
         ``compression_level``: None for raw, else zstd's level); either way
-        images are ``<pools_dir>/<pool_name>/<shard name>``.
+        images are ``<pools_dir>/<pool_name>/<shard name>``; or
+        "mosaic-s3" (swh's ``MosaicS3BackedPool``: MOSAIC files packed in
+        `pools_dir`, then uploaded to ``<base_url>/<pool_name>/<shard
+        name>``, `base_url` an ``s3://BUCKET[/PREFIX]`` URL, swh's boto3
+        client made with `boto3_config` and the ``AWS_*`` variables).
 
     Attributes: ``server``, ``dbname``, ``dsn``, ``readonly_dsn``,
     ``pools_dir`` (str), ``pool_name``, ``shard_max_size``, ``pool_settings``
@@ -139,7 +143,8 @@ class Deployment:
 
     def __init__(self, server, pools_dir, *, shard_max_size=DEFAULT_SHARD_MAX_SIZE,
                  pool_name=DEFAULT_POOL_NAME, use_permissions=True, rw_idle_timeout=3600,
-                 dbname=None, pool_type="directory", compression_level=None):
+                 dbname=None, pool_type="directory", compression_level=None, base_url=None,
+                 boto3_config=None):
         self.server = server
         self.dbname = dbname or f"winery_{uuid.uuid4().hex[:16]}"
         self.pools_dir = str(pools_dir)
@@ -159,8 +164,15 @@ class Deployment:
             "shard_max_size": shard_max_size,
             "use_permissions": use_permissions,
         }
-        if pool_type == "mosaic":
+        if pool_type in ("mosaic", "mosaic-s3"):
             self.pool_settings["compression_level"] = compression_level
+        if pool_type == "mosaic-s3":
+            # swh's MosaicS3BackedPool: images packed in <pools_dir>/<pool_name>/,
+            # then uploaded to <base_url>/<pool_name>/<name> (S3 settings from
+            # the AWS_* variables and `boto3_config`).
+            del self.pool_settings["base_directory"], self.pool_settings["use_permissions"]
+            self.pool_settings.update(base_url=base_url, tmp_directory=self.pools_dir,
+                                      boto3_config=dict(boto3_config or {}))
         self.settings = {
             "database": {"db": self.dsn},
             "shards_pools": [self.pool_settings],

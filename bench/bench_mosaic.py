@@ -16,6 +16,19 @@ Measures (objects per second, one Python thread; key sample: 5,000 quick,
 - `get_batch`: batches of 1,000 keys (MosaicFile.get_batch /
   MosaicReader.get_batch, which fans out on rayon threads / Shard.get_batch).
 
+Cold reads depend on how much of the file a pass touches. In the set
+above (`dense`) a pass asks for a quarter of a 42 MB file's objects: a
+reader whose page faults read around (swh.mosaic's mapping, the kernel's
+default) ends up reading the whole file in large sequential pieces, a
+reader that reads what it needs (shardfs: MADV_RANDOM on the objects) makes
+one small random read per object. So a second set, `sparse`, asks for 1% of
+the objects of a file ten times larger (200,000 objects and 2,000 keys
+quick, 1,000,000 and 10,000 full): the case of a large shard (Software
+Heritage's hold ~50 million objects). There the `floor` reader times what
+any reader that does not cache the whole index pays per cold object: two
+4 KiB reads one after the other (a page of the index entries, then the
+object's page), with plain preads (POSIX_FADV_RANDOM).
+
 Through a mount (`--mount`, or always unless `--no-mount`): the same
 objects as files of three `shardfs mount`s (flat layout), the Read Shard,
 the raw MOSAIC file and the zstd one (the mosaic shard kind, C request
@@ -40,6 +53,7 @@ import harness as H  # noqa: E402
 
 WORK = os.path.join(H.DATA, "mosaic")
 PLAN = ((20_000, 5_000), (100_000, 20_000))  # (objects, keys per pass): quick, full
+SPARSE_PLAN = ((200_000, 2_000), (1_000_000, 10_000))
 BATCH = 1000
 #: Warm passes go over the sample this many times (a single pass lasts
 #: milliseconds: too short to time).
@@ -82,7 +96,40 @@ def build(count: int, kind: str = "small"):
     return paths, keys
 
 
+class Floor:
+    """Two 4 KiB preads per key, one after the other: a page of the sha256
+    index's entries (where the key's entry would be if they were in key
+    order: any page of them costs the same cold read) and the object's
+    first page. Offsets are taken before the caches are dropped."""
+
+    def __init__(self, path: str, keys: list) -> None:
+        from shardfs.mosaic import MosaicFile
+
+        with MosaicFile(path) as f:
+            index = next(i for i in f.info["indexes"] if i["name"] == "sha256")
+            first, length = index["position"], index["slots"] * index["entry_size"]
+            self.offsets = {k: (first + (int.from_bytes(k[:8], "big") * length >> 64) & ~4095,
+                                f.locate(k)[0] & ~4095) for k in keys}
+        self.path = path
+        self.fd = -1
+
+    def open(self):
+        self.fd = os.open(self.path, os.O_RDONLY)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        return self, self.get, None
+
+    def get(self, key: bytes) -> bytes:
+        entry, data = self.offsets[key]
+        os.pread(self.fd, 4096, entry)
+        return os.pread(self.fd, 4096, data)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def open_reader(reader: str, path: str):
+    if isinstance(reader, Floor):
+        return reader.open()
     if reader == "shardfs":
         from shardfs.mosaic import MosaicFile
 
@@ -213,35 +260,51 @@ def main() -> None:
     if args.only_mount:
         res.write()
         return
+    sparse_count, sparse_sample = SPARSE_PLAN[0 if args.quick else 1]
+    sparse_paths, sparse_keys = build(sparse_count)
+    sparse_keys = random.Random(3).sample(sparse_keys, sparse_sample)
+    floor = Floor(sparse_paths["raw"], sparse_keys)
     configs = [(comp, cache, how, reader) for comp in ("raw", "zstd") for cache in ("warm", "cold")
                for how in ("get", "get_batch") for reader in READERS]
 
+    configs += [(comp, "sparse", how, reader) for comp in ("raw", "zstd") for how in ("get", "get_batch")
+                for reader in READERS]
+    configs += [("raw", "sparse", "get", "floor")]
+
     def measure(comp, cache, how, reader):
-        path = paths["shard"] if reader == "shard" else paths[comp]
+        where, sample = (sparse_paths, sparse_keys) if cache == "sparse" else (paths, keys)
+        path = where["shard"] if reader == "shard" else where[comp]
         before = H.device_reads(path)
-        seconds = one_pass(reader, path, keys, how, cache == "cold")
+        seconds = one_pass(floor if reader == "floor" else reader, path, sample, how, cache != "warm")
         after = H.device_reads(path)
-        return {"value": len(keys) / seconds, "seconds": seconds,
-                "device_kib": (after[1] - before[1]) / 1024 / len(keys)}
+        return {"value": len(sample) / seconds, "seconds": seconds,
+                "device_kib": (after[1] - before[1]) / 1024 / len(sample)}
 
     H.rounds(args.rounds, configs, lambda r, cfg: res.attempt(f"{cfg[0]} {cfg[1]} {cfg[2]}", cfg[3], r,
                                                              lambda: measure(*cfg)))
     rows = []
     for comp in ("raw", "zstd"):
-        for cache in ("warm", "cold"):
+        for cache in ("warm", "cold", "sparse"):
             for how in ("get", "get_batch"):
                 m = f"{comp} {cache} {how}"
                 rows.append([comp, cache, how, *[H.fmt(res.value(m, r)) for r in READERS],
                              H.fmt(res.ratio_of_rounds(m, "shardfs", "swh"), 2),
                              H.fmt(res.ratio_of_rounds(m, "shardfs", "shard"), 2),
-                             *[H.fmt(res.value(m, r, "device_kib"), 1) if cache == "cold" else "—"
+                             *[H.fmt(res.value(m, r, "device_kib"), 1) if cache != "warm" else "—"
                                for r in ("shardfs", "swh")]])
     res.table(["file", "cache", "call", *[f"{LABEL[r]}, objects/s" for r in READERS], "shardfs / swh.mosaic",
                "shardfs MOSAIC / Read Shard", "KiB read from the device / object, shardfs",
                "KiB read / object, swh.mosaic"], rows,
-              f"Medians of {args.rounds} interleaved round(s); ratios: medians of same-round ratios.")
+              f"Medians of {args.rounds} interleaved round(s); ratios: medians of same-round ratios. `cold`: the "
+              f"dense set ({count:,} objects, {sample:,} keys); `sparse`: cold, {sparse_count:,} objects "
+              f"({os.path.getsize(sparse_paths['raw']) / 1e6:,.0f} MB raw), {sparse_sample:,} keys.")
+    fl = res.value("raw sparse get", "floor")
+    res.text(f"Floor, sparse: two dependent 4 KiB preads per object: {H.fmt(fl)} objects/s; shardfs MosaicFile.get "
+             f"(raw) at {H.fmt(res.ratio_of_rounds('raw sparse get', 'shardfs', 'floor'), 2)}× it, zstd "
+             f"{H.fmt(res.ratio_of_rounds('zstd sparse get', 'shardfs', 'floor'), 2)}×; swh.mosaic (raw) "
+             f"{H.fmt(res.ratio_of_rounds('raw sparse get', 'swh', 'floor'), 2)}×.")
     for comp in ("raw", "zstd"):
-        for cache in ("warm", "cold"):
+        for cache in ("warm", "cold", "sparse"):
             x = res.ratio_of_rounds(f"{comp} {cache} get", "shardfs", "swh")
             res.goal(f"get >= 1.2x MosaicReader.lookup, {comp} {cache}", x, ">=", 1.2, shown=H.times(x))
             x = res.ratio_of_rounds(f"{comp} {cache} get_batch", "shardfs", "swh")

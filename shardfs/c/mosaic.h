@@ -83,8 +83,10 @@
  * (sfs_mosaic_ctx_t, each used by one thread at a time) or NULL for one
  * made and freed by the call. There is no global mutable state.
  *
- * Sources: a regular file or a block device, mapped read-only (MAP_SHARED,
- * MADV_RANDOM) whole, its descriptor closed after open. Truncating the
+ * Sources: a regular file or a block device, mapped read-only (MAP_SHARED)
+ * whole, its descriptor closed after open: objects MADV_RANDOM (a cold
+ * page fault reads one page), index entries MADV_NORMAL (faults read
+ * around). Truncating the
  * file in place while it is open raises SIGBUS in a reader that touches the
  * lost pages, as for a shard: run such calls under SFS_GUARDED (guard.h).
  */

@@ -122,7 +122,7 @@ demo: venv
 # set that the committed results come from (about an hour). One benchmark:
 # `make bench-full BENCHES=mount`, with its own options in ARGS (see
 # `bench/bench_NAME.py --help`; e.g. ARGS=--before-venv=DIR for mount).
-BENCHES ?= build lookup mount shards winery hashes ceph mosaic s3 profile
+BENCHES ?= build lookup mount shards winery winery_mosaic hashes ceph mosaic s3 profile
 bench bench-full: venv
 	$(PIP) install -q -e '.[test,bench]'
 	mkdir -p bench/results

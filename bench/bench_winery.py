@@ -46,6 +46,13 @@ sha256(content) == key per object after the clock, or the SHA-256 of the
 stream (xargs-cat inside the clock, libpq after it). Figures are medians of
 interleaved rounds (3, quick 1); ratios the median of each round's ratio.
 
+Pools (`--pool`): `directory` (swh's ShardBackedPool: Read Shard images,
+results in winery.md), `mosaic` (swh's MosaicBackedPool, MOSAIC files,
+zstd level 3: winery-mosaic.md) and `mosaic-raw` (uncompressed:
+winery-mosaic-raw.md); bench_winery_mosaic.py runs the two MOSAIC ones,
+the readers that matter there (winery-get, api-get, api-batch, mount-read,
+mount-read-4, os-shardfs, os-shardfs-batch).
+
 Goals (issue: ">= 5x winery's reader for objects in read shards"): api-get,
 mount-read, mount-read-4 and os-shardfs >= 5x winery-get's objects/s, and
 rpc-shardfs >= 2x rpc-winery's, objects in read shards, cold and warm (10
@@ -97,7 +104,7 @@ QUERIES = ("libpq", "psycopg")
 class Bench:
     """The deployment, its keys, and one reader at a time."""
 
-    def __init__(self, quick: bool):
+    def __init__(self, quick: bool, pool: str = "directory"):
         from pg_server import PostgresServer
         from winery_deploy import Deployment
         from shardfs.winery import WineryStore
@@ -110,7 +117,10 @@ class Bench:
         pairs = list(objects(n_read + n_write, "small", 1))
         self.contents = dict(pairs)
         ro, rw = [c for _, c in pairs[:n_read]], [c for _, c in pairs[n_read:]]
-        self.dep = Deployment(self.server, f"{WORK}/pools", shard_max_size=sum(map(len, ro)) // 8 + 1)
+        kind = {"directory": {}, "mosaic": {"pool_type": "mosaic", "pool_name": "mosaics", "compression_level": 3},
+                "mosaic-raw": {"pool_type": "mosaic", "pool_name": "mosaics"}}[pool]
+        self.pool = pool
+        self.dep = Deployment(self.server, f"{WORK}/pools", shard_max_size=sum(map(len, ro)) // 8 + 1, **kind)
         log(f"winery: adding {n_read:,} objects through swh's writer, packing, cleaning, then {n_write:,} more")
         t0 = time.monotonic()
         ro_keys = self.dep.add_many(ro)
@@ -353,6 +363,8 @@ def report(res: Results, b: Bench, methods: list) -> None:
             ("mount-read-4", "winery-get", GOAL, f"the same, {THREADS} reader threads"),
             ("os-shardfs", "winery-get", GOAL, "the shardfs objstorage's get"),
             ("rpc-shardfs", "rpc-winery", 2.0, "the shardfs objstorage's get through swh's RPC server")):
+        if m not in methods or base not in methods:
+            continue  # not run (--only)
         for t in TEMPS:
             r = res.ratio_of_rounds(f"read {t}", m, base)
             res.goal(f"{title} >= {need:g}x winery's {'through RPC' if base != 'winery-get' else 'objstorage'}, "
@@ -361,14 +373,24 @@ def report(res: Results, b: Bench, methods: list) -> None:
                      f"objects/s = {times(r)}" if r else "")
 
 
+POOLS = {"directory": "", "mosaic": ", a mosaic pool (MOSAIC files, zstd level 3)",
+         "mosaic-raw": ", a mosaic pool (MOSAIC files, uncompressed)"}
+
+
 def main(argv=None) -> int:
-    args = main_args(__doc__.split("\n\n")[0], argv)
+    def extra(p):
+        p.add_argument("--pool", choices=list(POOLS), default="directory",
+                       help="the type of the deployment's shards pool (default: directory)")
+
+    args = main_args(__doc__.split("\n\n")[0], argv, extra=extra)
     methods = [m for m in METHODS if not args.only or m in args.only or m == "winery-get"]
-    res = Results("winery", "Random object reads on one winery deployment: winery's reader against shardfs",
-                  args.quick, (["--quick"] if args.quick else []))
+    name = "winery" if args.pool == "directory" else f"winery-{args.pool}"
+    res = Results(name, "Random object reads on one winery deployment" + POOLS[args.pool]
+                  + ": winery's reader against shardfs",
+                  args.quick, (["--quick"] if args.quick else []) + (["--pool", args.pool] if name != "winery" else []))
     b = None
     try:
-        b = Bench(args.quick)
+        b = Bench(args.quick, args.pool)
         cells = [(loc, m) for loc in LOCATIONS for m in methods if not (loc == "read" and m in QUERIES)]
 
         def cell(r, item):

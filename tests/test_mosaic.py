@@ -387,3 +387,50 @@ def test_mount_reads_large_compressed_objects_in_pieces(mounter, tmp_path):
             fd = os.open(point / name, os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
+
+
+def test_close_from_another_thread_waits_for_reads_in_flight(tmp_path):
+    """`MosaicFile.close()` from one thread while another decodes a large
+    zstd object (the GIL released): the read in flight ends with the
+    object's bytes (the file is unmapped when it returns, not under it),
+    every later call raises ValueError, and the process lives (a child,
+    so that a crash shows as its exit status)."""
+    code = r"""
+import hashlib, os, sys, threading, time
+from swh.mosaic import IdxDescription, MosaicCreator
+from shardfs.mosaic import MosaicFile
+path = sys.argv[1]
+block = os.urandom(1 << 20)
+big = block * 96
+key = hashlib.sha256(big).digest()
+creator = MosaicCreator(path, [IdxDescription.SHA256FMPHGO], compression_level=1)
+creator.add([key], big)
+creator.close()
+outcomes = []
+for attempt in range(20):
+    f = MosaicFile(path)
+    started = threading.Event()
+    def read():
+        started.set()
+        try:
+            outcomes.append(f.get(key) == big)
+        except ValueError:
+            outcomes.append("closed")
+    t = threading.Thread(target=read)
+    t.start()
+    started.wait()
+    time.sleep(0.002 * (attempt % 5))
+    f.close()
+    t.join()
+    try:
+        f.get(key)
+        outcomes.append("read after close")
+    except ValueError:
+        pass
+print(sorted(set(map(str, outcomes))))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "big.mosaic")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    seen = eval(proc.stdout)
+    assert set(seen) <= {"True", "closed"} and "True" in seen, seen

@@ -11,13 +11,19 @@
  * object through every index. The GIL is released while the file is read
  * (it may wait for the device); every read runs under the SIGBUS guard
  * (guard.h): a file truncated under its mapping raises OSError(EIO).
+ * close() from one thread while others read (their GIL released) takes
+ * effect at once for new calls (ValueError) and unmaps the file when the
+ * last read in flight returns.
  */
 #include "py_module.h"
 #include "mosaic.h"
 
 typedef struct {
     PyObject_HEAD
-    sfs_mosaic_t *m;
+    sfs_mosaic_t *m;       /* NULL once closed */
+    int busy;              /* calls in flight that released the GIL (counted with it held) */
+    sfs_mosaic_t *retired; /* closed while busy: unmapped by the last of them */
+    int sha256;            /* the sha256 index's number, or -1: get's default */
 } Mosaic;
 
 /* Bytes of each object a batch asks the kernel to read ahead: most
@@ -34,6 +40,25 @@ static int mosaic_ready(Mosaic *self)
         return 0;
     PyErr_SetString(PyExc_ValueError, "closed MOSAIC file");
     return -1;
+}
+
+/* The open file, held for a call that releases the GIL (let go with
+ * mosaic_let_go), or NULL with ValueError when closed. */
+static sfs_mosaic_t *mosaic_hold(Mosaic *self)
+{
+    if (mosaic_ready(self) < 0)
+        return NULL;
+    self->busy++;
+    return self->m;
+}
+
+/* End of a held call: the last one unmaps a file closed meanwhile. */
+static void mosaic_let_go(Mosaic *self)
+{
+    if (--self->busy == 0 && self->retired) {
+        sfs_mosaic_close(self->retired);
+        self->retired = NULL;
+    }
 }
 
 /* The index number of kind `name`, or -1 with KeyError (no such index in
@@ -53,10 +78,10 @@ static int index_of(Mosaic *self, const char *name)
     return i;
 }
 
-static PyObject *mosaic_error(Mosaic *self, int rc, const sfs_error_t *err)
+static PyObject *mosaic_error(const sfs_mosaic_t *m, int rc, const sfs_error_t *err)
 {
     if (rc == SFS_EGONE)
-        return gone(sfs_mosaic_path(self->m));
+        return gone(sfs_mosaic_path(m));
     return raise_error(err);
 }
 
@@ -80,20 +105,30 @@ static int Mosaic_init(Mosaic *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     Py_DECREF(pathobj);
+    if (self->busy) {
+        sfs_mosaic_close(m);
+        PyErr_SetString(PyExc_RuntimeError, "Mosaic.__init__ on a file being read");
+        return -1;
+    }
     sfs_mosaic_close(self->m);
     self->m = m;
+    self->sha256 = sfs_mosaic_find_index(m, SFS_MOSAIC_SHA256);
     return 0;
 }
 
 static void Mosaic_dealloc(Mosaic *self)
 {
+    sfs_mosaic_close(self->retired); /* busy is 0: a call holds a reference */
     sfs_mosaic_close(self->m);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *Mosaic_close(Mosaic *self, PyObject *unused)
 {
-    sfs_mosaic_close(self->m);
+    if (self->busy && self->m)
+        self->retired = self->m; /* unmapped by the last call in flight */
+    else
+        sfs_mosaic_close(self->m);
     self->m = NULL;
     Py_RETURN_NONE;
 }
@@ -156,35 +191,67 @@ static PyObject *Mosaic_lookup(Mosaic *self, PyObject *args)
     sfs_error_t err = {0};
     uint64_t object = 0;
     int rc;
+    sfs_mosaic_t *m = mosaic_hold(self);
     Py_BEGIN_ALLOW_THREADS
     SFS_GUARDED(rc = SFS_EGONE,
-                rc = sfs_mosaic_lookup(self->m, (size_t)x, key.buf, (size_t)key.len, NULL, &object, &err));
+                rc = sfs_mosaic_lookup(m, (size_t)x, key.buf, (size_t)key.len, NULL, &object, &err));
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&key);
+    PyObject *out = NULL;
     if (rc == SFS_ENOTFOUND)
-        Py_RETURN_NONE;
-    if (rc == SFS_EINVAL) {
-        PyErr_Format(PyExc_ValueError, "a %s key is %zu bytes", name, sfs_mosaic_index(self->m, (size_t)x)->key_size);
-        return NULL;
-    }
+        out = Py_NewRef(Py_None);
+    else if (rc == SFS_EINVAL)
+        PyErr_Format(PyExc_ValueError, "a %s key is %zu bytes", name, sfs_mosaic_index(m, (size_t)x)->key_size);
+    else if (rc != SFS_OK)
+        mosaic_error(m, rc, &err);
+    else
+        out = PyLong_FromUnsignedLongLong(object);
+    mosaic_let_go(self);
+    return out;
+}
+
+/* Raw objects of at most this many bytes are copied with the GIL held:
+ * their pages were touched while it was released (lookup_object). */
+#define COPY_WITH_GIL 4096
+
+/* Lookup of `key` and its object's element: SFS_OK with the object's
+ * position, its stored bytes (at, stored) and decoded size; the pages of
+ * a raw object of at most COPY_WITH_GIL bytes touched. SFS_ENOTFOUND, or
+ * an error status (err filled). Runs without the GIL, guarded. */
+static int lookup_object(sfs_mosaic_t *m, size_t x, const uint8_t *key, size_t len, sfs_mosaic_ctx_t *ctx,
+                         uint64_t *object, const uint8_t **at, uint64_t *stored, uint64_t *size, sfs_error_t *err)
+{
+    int rc = sfs_mosaic_lookup(m, x, key, len, NULL, object, err);
     if (rc != SFS_OK)
-        return mosaic_error(self, rc, &err);
-    return PyLong_FromUnsignedLongLong(object);
+        return rc;
+    const uint8_t *p = sfs_mosaic_stored(m, *object, stored, &rc);
+    if (!p) /* again, for the message */
+        return rc == SFS_ENOTFOUND ? rc : sfs_mosaic_object(m, *object, NULL, NULL, err);
+    *at = p;
+    if (sfs_mosaic_info(m)->compression != SFS_MOSAIC_NONE)
+        return sfs_mosaic_object_size(m, ctx, *object, size, NULL, err);
+    *size = *stored;
+    if (*stored && *stored <= COPY_WITH_GIL) {
+        volatile uint8_t last = p[*stored - 1]; /* its second page, if any, read now */
+        (void)last;
+    }
+    return SFS_OK;
 }
 
 /* One object's bytes into a new bytes object (*out, NULL when absent or
- * deleted), the GIL released while the file is read: lookup, decoded
- * size, read. Returns SFS_OK or an error status (err filled); called
- * with the GIL held. */
-static int get_one(Mosaic *self, size_t x, const uint8_t *key, size_t len, sfs_mosaic_ctx_t *ctx, PyObject **out,
+ * deleted): lookup_object with the GIL released, then the bytes copied or
+ * decoded (with the GIL released unless a small raw object, already
+ * cached). Returns SFS_OK or an error status (err filled); called with the
+ * GIL held and the file held (mosaic_hold). */
+static int get_one(sfs_mosaic_t *m, size_t x, const uint8_t *key, size_t len, sfs_mosaic_ctx_t *ctx, PyObject **out,
                    sfs_error_t *err)
 {
-    uint64_t object = 0, size = 0;
+    uint64_t object = 0, size = 0, stored = 0;
+    const uint8_t *at = NULL;
     int rc;
     *out = NULL;
     Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_lookup(self->m, x, key, len, NULL, &object, err);
-                if (rc == SFS_OK) rc = sfs_mosaic_object_size(self->m, ctx, object, &size, NULL, err));
+    SFS_GUARDED(rc = SFS_EGONE, rc = lookup_object(m, x, key, len, ctx, &object, &at, &stored, &size, err));
     Py_END_ALLOW_THREADS
     if (rc == SFS_ENOTFOUND)
         return SFS_OK;
@@ -199,13 +266,20 @@ static int get_one(Mosaic *self, size_t x, const uint8_t *key, size_t len, sfs_m
         return SFS_ENOMEM;
     char *buf = PyBytes_AS_STRING(bytes);
     size_t got = 0;
-    Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_read(self->m, ctx, object, 0, buf, (size_t)size, &got, err));
-    Py_END_ALLOW_THREADS
+    if (sfs_mosaic_info(m)->compression == SFS_MOSAIC_NONE && size <= COPY_WITH_GIL) {
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_decode(m, ctx, object, at, stored, 0, buf, (size_t)size, &got, err));
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_decode(m, ctx, object, at, stored, 0, buf, (size_t)size, &got, err));
+        Py_END_ALLOW_THREADS
+    }
+    if (rc == SFS_OK) /* deleted in place (its element voided) since it was found: not its bytes */
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_object(m, object, NULL, NULL, NULL) == SFS_ENOTFOUND
+                                             ? SFS_ENOTFOUND : SFS_OK);
     if (rc == SFS_OK && got != size) {
         rc = err->status = SFS_ECORRUPT;
         snprintf(err->message, sizeof(err->message), "%s: object at byte %llu is shorter than its frame header says",
-                 sfs_mosaic_path(self->m), (unsigned long long)object);
+                 sfs_mosaic_path(m), (unsigned long long)object);
     }
     if (rc != SFS_OK) {
         Py_DECREF(bytes);
@@ -217,13 +291,13 @@ static int get_one(Mosaic *self, size_t x, const uint8_t *key, size_t len, sfs_m
 
 /* A key of index x from a bytes-like object: its buffer (released by the
  * caller), or -1 with ValueError for a wrong length. */
-static int get_key_of(Mosaic *self, size_t x, PyObject *obj, Py_buffer *view)
+static int get_key_of(const sfs_mosaic_t *m, size_t x, PyObject *obj, Py_buffer *view)
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
         return -1;
-    size_t want = sfs_mosaic_index(self->m, x)->key_size;
+    size_t want = sfs_mosaic_index(m, x)->key_size;
     if ((size_t)view->len != want) {
-        PyErr_Format(PyExc_ValueError, "a %s key is %zu bytes, got %zd", sfs_mosaic_index(self->m, x)->name, want,
+        PyErr_Format(PyExc_ValueError, "a %s key is %zu bytes, got %zd", sfs_mosaic_index(m, x)->name, want,
                      view->len);
         PyBuffer_Release(view);
         return -1;
@@ -231,31 +305,38 @@ static int get_key_of(Mosaic *self, size_t x, PyObject *obj, Py_buffer *view)
     return 0;
 }
 
-/* get(kind, key) -> the object's bytes, or None when absent or deleted.
- * (METH_FASTCALL: a call per object, where argument parsing shows.) */
+/* get(key, kind="sha256") -> the object's bytes, or None when absent or
+ * deleted. KeyError when the file has no `kind` index. (METH_FASTCALL: a
+ * call per object, where argument parsing shows.) */
 static PyObject *Mosaic_get(Mosaic *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (mosaic_ready(self) < 0)
         return NULL;
-    const char *name = nargs == 2 ? PyUnicode_AsUTF8(args[0]) : NULL;
-    if (!name) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "get(kind, key): two arguments");
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get(key, kind='sha256'): one or two arguments");
         return NULL;
     }
-    PyObject *keyobj = args[1];
-    int x = index_of(self, name);
+    int x = self->sha256;
+    if (nargs == 2 && args[1] != Py_None) {
+        const char *name = PyUnicode_AsUTF8(args[1]);
+        if (!name || (x = index_of(self, name)) < 0)
+            return NULL;
+    } else if (x < 0) {
+        return PyErr_Format(PyExc_KeyError, "%s: no sha256 index", sfs_mosaic_path(self->m));
+    }
     Py_buffer key;
-    if (x < 0 || get_key_of(self, (size_t)x, keyobj, &key) < 0)
+    if (get_key_of(self->m, (size_t)x, args[0], &key) < 0)
         return NULL;
     sfs_error_t err = {0};
     PyObject *out;
-    int rc = get_one(self, (size_t)x, key.buf, (size_t)key.len, sfs_mosaic_thread_ctx(self->m), &out, &err);
+    sfs_mosaic_t *m = mosaic_hold(self);
+    int rc = get_one(m, (size_t)x, key.buf, (size_t)key.len, sfs_mosaic_thread_ctx(m), &out, &err);
     PyBuffer_Release(&key);
-    if (rc == SFS_ENOMEM && PyErr_Occurred())
-        return NULL;
+    if (rc != SFS_OK && !(rc == SFS_ENOMEM && PyErr_Occurred()))
+        mosaic_error(m, rc, &err);
+    mosaic_let_go(self);
     if (rc != SFS_OK)
-        return mosaic_error(self, rc, &err);
+        return NULL;
     if (!out)
         Py_RETURN_NONE;
     return out;
@@ -275,9 +356,14 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
     PyObject *seq = PySequence_Fast(keys, "get_batch: keys must be iterable");
     if (!seq)
         return NULL;
+    sfs_mosaic_t *m = mosaic_hold(self); /* iterating `keys` may have closed it */
+    if (!m) {
+        Py_DECREF(seq);
+        return NULL;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *result = PyList_New(n);
-    sfs_mosaic_ctx_t *ctx = sfs_mosaic_thread_ctx(self->m);
+    sfs_mosaic_ctx_t *ctx = sfs_mosaic_thread_ctx(m);
     /* Every key's entry asked of the device at once, then every object's
      * first bytes (the kernel reads them in parallel), then each object
      * read: a cold batch waits for two rounds of reads, not two per key. */
@@ -286,17 +372,17 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
     if (result && !views)
         PyErr_NoMemory();
     for (; views && held < n; held++)
-        if (get_key_of(self, (size_t)x, PySequence_Fast_GET_ITEM(seq, held), &views[held]) < 0)
+        if (get_key_of(m, (size_t)x, PySequence_Fast_GET_ITEM(seq, held), &views[held]) < 0)
             break;
     /* Each step is skipped when the first keys' pages are cached: a warm
      * batch pays no system call per key. */
     int entries_cached = 1, objects_cached = 1;
     for (Py_ssize_t i = 0; views && !PyErr_Occurred() && i < held && i < SAMPLE; i++)
-        entries_cached &= sfs_mosaic_entry_cached(self->m, (size_t)x, views[i].buf, (size_t)views[i].len);
+        entries_cached &= sfs_mosaic_entry_cached(m, (size_t)x, views[i].buf, (size_t)views[i].len);
     if (views && !PyErr_Occurred()) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; !entries_cached && i < n; i++)
-            sfs_mosaic_prefetch_entry(self->m, (size_t)x, views[i].buf, (size_t)views[i].len);
+            sfs_mosaic_prefetch_entry(m, (size_t)x, views[i].buf, (size_t)views[i].len);
         /* the first keys' objects tell; the rest are looked up here only
          * when they must be asked for (a warm batch looks each key up once,
          * when it is read) */
@@ -305,14 +391,14 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
             int rc;
             if (i >= SAMPLE && objects_cached)
                 break;
-            SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_lookup(self->m, (size_t)x, views[i].buf,
+            SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_lookup(m, (size_t)x, views[i].buf,
                                                                 (size_t)views[i].len, NULL, &object, NULL));
             if (rc != SFS_OK)
                 continue;
             if (i < SAMPLE)
-                objects_cached &= sfs_mosaic_object_cached(self->m, object);
+                objects_cached &= sfs_mosaic_object_cached(m, object);
             if (!objects_cached) /* a cached object needs no prefetch */
-                sfs_mosaic_prefetch_object(self->m, object, PREFETCH_OBJECT_BYTES);
+                sfs_mosaic_prefetch_object(m, object, PREFETCH_OBJECT_BYTES);
         }
         Py_END_ALLOW_THREADS
     }
@@ -321,15 +407,15 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
     PyMem_Free(views);
     for (Py_ssize_t i = 0; result && !PyErr_Occurred() && i < n; i++) {
         Py_buffer key;
-        if (get_key_of(self, (size_t)x, PySequence_Fast_GET_ITEM(seq, i), &key) < 0)
+        if (get_key_of(m, (size_t)x, PySequence_Fast_GET_ITEM(seq, i), &key) < 0)
             break;
         sfs_error_t err = {0};
         PyObject *out;
-        int rc = get_one(self, (size_t)x, key.buf, (size_t)key.len, ctx, &out, &err);
+        int rc = get_one(m, (size_t)x, key.buf, (size_t)key.len, ctx, &out, &err);
         PyBuffer_Release(&key);
         if (rc != SFS_OK) {
             if (!PyErr_Occurred())
-                mosaic_error(self, rc, &err);
+                mosaic_error(m, rc, &err);
             break;
         }
         if (!out) {
@@ -339,6 +425,7 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
         PyList_SET_ITEM(result, i, out);
     }
     Py_DECREF(seq);
+    mosaic_let_go(self);
     if (PyErr_Occurred()) {
         Py_XDECREF(result);
         return NULL;
@@ -369,17 +456,18 @@ static PyObject *Mosaic_entry(Mosaic *self, PyObject *args)
         return NULL;
     }
     if (rc != SFS_OK)
-        return mosaic_error(self, rc, &err);
+        return mosaic_error(self->m, rc, &err);
     return Py_BuildValue("(y#K)", (const char *)key, (Py_ssize_t)sfs_mosaic_index(self->m, (size_t)x)->key_size,
                          (unsigned long long)object);
 }
 
-/* The decoded size of the object at `object` (GIL released, guarded). */
-static int decoded_size(Mosaic *self, uint64_t object, uint64_t *size, sfs_error_t *err)
+/* The decoded size of the object at `object` (GIL released, guarded; the
+ * file held by the caller). */
+static int decoded_size(sfs_mosaic_t *m, uint64_t object, uint64_t *size, sfs_error_t *err)
 {
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_object_size(self->m, NULL, object, size, NULL, err));
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_object_size(m, NULL, object, size, NULL, err));
     Py_END_ALLOW_THREADS
     return rc;
 }
@@ -395,12 +483,13 @@ static PyObject *Mosaic_size(Mosaic *self, PyObject *arg)
         return NULL;
     uint64_t size = 0;
     sfs_error_t err = {0};
-    int rc = decoded_size(self, object, &size, &err);
-    if (rc == SFS_ENOTFOUND)
-        Py_RETURN_NONE;
-    if (rc != SFS_OK)
-        return mosaic_error(self, rc, &err);
-    return PyLong_FromUnsignedLongLong(size);
+    sfs_mosaic_t *m = mosaic_hold(self);
+    int rc = decoded_size(m, object, &size, &err);
+    PyObject *out = rc == SFS_ENOTFOUND ? Py_NewRef(Py_None)
+                    : rc != SFS_OK      ? mosaic_error(m, rc, &err)
+                                        : PyLong_FromUnsignedLongLong(size);
+    mosaic_let_go(self);
+    return out;
 }
 
 /* read(object, offset=0, length=-1) -> bytes [offset, offset + length) of
@@ -413,35 +502,45 @@ static PyObject *Mosaic_read(Mosaic *self, PyObject *args)
         return NULL;
     uint64_t size = 0;
     sfs_error_t err = {0};
-    int rc = decoded_size(self, object, &size, &err);
-    if (rc == SFS_ENOTFOUND)
-        Py_RETURN_NONE;
-    if (rc != SFS_OK)
-        return mosaic_error(self, rc, &err);
+    sfs_mosaic_t *m = mosaic_hold(self);
+    PyObject *out = NULL;
+    int rc = decoded_size(m, object, &size, &err);
+    if (rc == SFS_ENOTFOUND) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (rc != SFS_OK) {
+        mosaic_error(m, rc, &err);
+        goto done;
+    }
     const uint64_t avail = offset >= size ? 0 : size - offset;
     const volatile uint64_t want = length >= 0 && (uint64_t)length < avail ? (uint64_t)length : avail;
-    if (want > (uint64_t)PY_SSIZE_T_MAX)
-        return PyErr_NoMemory();
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)want);
-    if (!out)
-        return NULL;
+    if (want > (uint64_t)PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!(out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)want)))
+        goto done;
     size_t got = 0;
     char *buf = PyBytes_AS_STRING(out);
     Py_BEGIN_ALLOW_THREADS
-    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_read(self->m, NULL, object, offset, buf, (size_t)want, &got, &err));
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_read(m, NULL, object, offset, buf, (size_t)want, &got, &err));
     Py_END_ALLOW_THREADS
     if (rc == SFS_OK && got != want) {
         rc = SFS_ECORRUPT;
         snprintf(err.message, sizeof(err.message), "%s: object at byte %llu is shorter than its frame header says",
-                 sfs_mosaic_path(self->m), object);
+                 sfs_mosaic_path(m), object);
         err.status = SFS_ECORRUPT;
     }
     if (rc != SFS_OK) {
-        Py_DECREF(out);
+        Py_CLEAR(out);
         if (rc == SFS_ENOTFOUND)
-            Py_RETURN_NONE;
-        return mosaic_error(self, rc, &err);
+            out = Py_NewRef(Py_None);
+        else
+            mosaic_error(m, rc, &err);
     }
+done:
+    mosaic_let_go(self);
     return out;
 }
 
@@ -506,7 +605,7 @@ static PyMethodDef Mosaic_methods[] = {
     {"lookup", (PyCFunction)Mosaic_lookup, METH_VARARGS,
      "lookup(kind, key) -> the object's position (byte offset of its element), or None when absent or deleted"},
     {"get", (PyCFunction)(void (*)(void))Mosaic_get, METH_FASTCALL,
-     "get(kind, key) -> the object's bytes, or None when absent or deleted"},
+     "get(key, kind='sha256') -> the object's bytes, or None when absent or deleted"},
     {"get_batch", (PyCFunction)Mosaic_get_batch, METH_VARARGS,
      "get_batch(kind, keys) -> [bytes or None], in the order of keys"},
     {"entry", (PyCFunction)Mosaic_entry, METH_VARARGS,

@@ -434,3 +434,51 @@ print(sorted(set(map(str, outcomes))))
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     seen = eval(proc.stdout)
     assert set(seen) <= {"True", "closed"} and "True" in seen, seen
+
+
+def test_a_million_keys_by_every_index_as_swh_reads_them(tmp_path):
+    """Files of 1,000,000 objects written by swh.mosaic's MosaicCreator
+    (raw, indexed by sha256, sha1 and sha1_git; zstd level 3, by sha256):
+    every object, looked up by each index, and 20,000 absent keys, give
+    exactly what swh.mosaic's MosaicReader gives (perfect hashes of many
+    levels, entries across a large index)."""
+    import random
+
+    from swh.mosaic import Backend, IdxDescription, MosaicCreator, MosaicReader
+
+    count = 1_000_000
+    rng = random.Random(31)
+    contents = [b"%d:" % i + rng.randbytes(rng.randrange(0, 48)) for i in range(count)]
+    digests = {"sha256": [hashlib.sha256(c).digest() for c in contents],
+               "sha1": [hashlib.sha1(c).digest() for c in contents],
+               "sha1_git": [hashlib.sha1(b"blob %d\0" % len(c) + c).digest() for c in contents]}
+    described = {"sha256": IdxDescription.SHA256FMPHGO, "sha1": IdxDescription.SHA1FMPHGO,
+                 "sha1_git": IdxDescription.SHA1GITFMPHGO}
+    for name, kinds, level in (("raw", ["sha256", "sha1", "sha1_git"], None), ("zstd", ["sha256"], 3)):
+        path = tmp_path / f"{name}.mosaic"
+        creator = MosaicCreator(str(path), [described[k] for k in kinds],
+                                **({"compression_level": level} if level else {}))
+        for i, content in enumerate(contents):
+            creator.add([digests[k][i] for k in kinds], content)
+        creator.close()
+        with MosaicFile(str(path)) as mine:
+            assert mine.info["objects_counter"] == count
+            for kind in kinds:
+                theirs = MosaicReader(str(path), described[kind], Backend.MMAP)
+                absent = [rng.randbytes(len(digests[kind][0])) for _ in range(20_000)]
+                keys = digests[kind] + absent
+                for start in range(0, len(keys), 100_000):
+                    chunk = keys[start:start + 100_000]
+                    got = mine.get_batch(chunk, kind)
+                    assert got == [_lookup(theirs, k) for k in chunk], (name, kind, start)
+                assert got[-20_000:] == [None] * 20_000
+                assert [mine.get(k, kind) for k in digests[kind][::997]] == contents[::997]
+
+
+def _lookup(reader, key: bytes):
+    """swh.mosaic's MosaicReader.lookup, None for an absent key (it raises
+    KeyError)."""
+    try:
+        return reader.lookup(key)
+    except KeyError:
+        return None

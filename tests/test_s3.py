@@ -202,6 +202,49 @@ print("after", len(sh[keys[1]]) >= 0)
     assert out.strip() == "after True", err
 
 
+def test_killed_server_gives_an_error_at_once_under_the_api(s3, tmp_path):
+    """radosgw killed under a reader whose local copy is made (API, a Read
+    Shard in S3): a read fails with an OSError at once
+    (connection refused), never hangs nor gives bytes; once a new radosgw
+    listens on the same port, the same reader reads again."""
+    cluster, endpoint, client, env, shard = s3
+    code = """
+import os, sys, time
+from shardfs.shard import Shard
+from shardfs import s3
+s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"], timeout=2)
+sh = Shard("s3://shards/dir/docs.shard")
+keys = list(sh.keys())
+print("opened", flush=True)
+sys.stdin.readline()
+t = time.monotonic()
+try:
+    sh[keys[0]]
+    print("read", time.monotonic() - t)
+except OSError as exc:
+    print("errno", exc.errno, time.monotonic() - t)
+sys.stdin.readline()
+print("after", sh[keys[1]] == sh.get(keys[1]))
+"""
+    port = int(endpoint.rsplit(":", 1)[1])
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "opened", child.stderr.read()
+        cluster.kill("rgw")
+        try:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            line = child.stdout.readline().split()
+        finally:
+            cluster.start_rgw(port)
+        out, err = child.communicate("go\n", timeout=60)
+    finally:
+        child.kill()
+    assert line[0] == "errno" and float(line[2]) < 2, (line, err)
+    assert out.strip() == "after True", err
+
+
 def test_mount_follows_a_bucket_prefix(s3, tmp_path, mounter):
     """``--shard-dir s3://BUCKET/PREFIX``: the shards under the prefix are
     served (whatever their names), listed again every few seconds: an

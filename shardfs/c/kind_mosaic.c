@@ -340,7 +340,11 @@ static int remote_read(const mosaic_state_t *st, uint64_t object, uint64_t withi
  * of more than one piece that it decoded last, whole, in this cache (at
  * most CACHE_BYTES in all): the first read of such an object decodes it
  * once; reads of it that come meanwhile wait for that decoding (a
- * condition variable) instead of starting their own. Keyed by (file,
+ * condition variable) instead of starting their own. A read of such an
+ * object whole goes through it too: the request path's first READ of an
+ * object decodes it whole (ll_fast_read) while the kernel already asks
+ * for the next pieces, which then wait for that decoding instead of
+ * decoding it again. Keyed by (file,
  * object element position): an entry is only used after the object's
  * index entry was read again and is live (read_object), so a deleted
  * object is never served from it; the entries of a file go when it is
@@ -495,7 +499,7 @@ static int read_object(const sfs_shard_t *s, uint64_t slot, uint64_t within, voi
         sfs_mosaic_prefetch_object(st->m, object, data - object + stored);
     if (rc == SFS_OK && sfs_mosaic_info(st->m)->compression != SFS_MOSAIC_NONE &&
         sfs_mosaic_object_size(st->m, sfs_mosaic_thread_ctx(st->m), object, &size, NULL, NULL) == SFS_OK &&
-        size > CACHE_OBJECT_MIN && size <= CACHE_BYTES / 2 && length < size &&
+        size > CACHE_OBJECT_MIN && size <= CACHE_BYTES / 2 &&
         cache_read(st->m, object, size, within, dst, length) == SFS_OK)
         return SFS_OK;
     if (rc == SFS_OK)

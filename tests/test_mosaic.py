@@ -341,9 +341,10 @@ def test_mount_reads_large_compressed_objects_in_pieces(mounter, tmp_path):
     """Objects of several READs in a zstd MOSAIC file (swh's writer), read
     through the mount whole by `cat` and in pieces at random offsets by 8
     threads at once, then again after the mount's process let their
-    decoded copies go: every byte right (the first READ decodes an object
-    whole and stores the rest into the page cache; concurrent READs share
-    one decoding)."""
+    decoded copies go: every byte right (an object of more than 32 MiB:
+    the first READ decodes it whole and stores the rest into the page
+    cache; a smaller one: decoded once into the process's cache, which
+    answers the READs; concurrent READs share one decoding)."""
     import concurrent.futures
     import random
 
@@ -356,6 +357,7 @@ def test_mount_reads_large_compressed_objects_in_pieces(mounter, tmp_path):
         text = b" ".join(rng.choice((b"mosaic", b"shard", b"heritage", b"%d" % rng.randrange(10**6)))
                          for _ in range(size // 4))
         objects.append(bytes(a ^ b for a, b in zip(text[:size], rng.randbytes(size))) if size % 2 else text[:size])
+    objects.append(rng.randbytes(1 << 20) * 33 + b"past 32 MiB")  # decoded whole, stored (ll_fast.c)
     d = tmp_path / "dir"
     d.mkdir()
     creator = MosaicCreator(str(d / "big"), [IdxDescription.SHA256FMPHGO], compression_level=3)

@@ -211,9 +211,15 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
 }
 
 /* The first READ of an object whose bytes are decoded (SFS_KIND_DECODES)
- * decodes it whole when it is at most this large, answers its piece and
- * stores the rest into the page cache: the READs that follow are served by
- * the kernel instead of each decoding the object from its start. */
+ * decodes it whole when it is at most LL_DECODE_WHOLE_MAX bytes, answers
+ * its piece and stores the rest into the page cache: the READs that follow
+ * are served by the kernel instead of each decoding the object from its
+ * start. Not below LL_DECODE_WHOLE_MIN: the kind decodes such an object
+ * once into its own cache and answers each READ from there (kind_mosaic.c,
+ * 32 MiB), and pages the kernel filled from READs read faster than pages
+ * stored by a notification (the `mix` set through a mount, warm: 0.8x the
+ * Read Shard with stores, 1.0x without; cold 0.68x and 0.8x). */
+#define LL_DECODE_WHOLE_MIN ((32u << 20) + 1)
 #define LL_DECODE_WHOLE_MAX (128u << 20)
 
 int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t offset)
@@ -229,7 +235,7 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     sfs_shard_t *whole = NULL; /* the rest of the object is stored after the reply */
     if (res == LL_FOUND) {
         n = len = sfs_ll_read_length(found.size, (uint64_t)offset, want);
-        if (offset == 0 && n < found.size && found.size <= LL_DECODE_WHOLE_MAX &&
+        if (offset == 0 && n < found.size && found.size >= LL_DECODE_WHOLE_MIN && found.size <= LL_DECODE_WHOLE_MAX &&
             (sfs_kind_flags(found.shard) & SFS_KIND_DECODES)) {
             /* a store waits for the locks of pages other READs are
              * answering: a thread stays free to answer them (ll_ioctl) */

@@ -18,6 +18,8 @@
 #include "py_module.h"
 #include "mosaic.h"
 
+#include <unistd.h>
+
 typedef struct {
     PyObject_HEAD
     sfs_mosaic_t *m;       /* NULL once closed */
@@ -290,10 +292,15 @@ static int get_one(sfs_mosaic_t *m, size_t x, const uint8_t *key, size_t len, sf
 }
 
 /* A key of index x from a bytes-like object: its buffer (released by the
- * caller), or -1 with ValueError for a wrong length. */
+ * caller; a bytes object must outlive it), or -1 with ValueError for a
+ * wrong length. */
 static int get_key_of(const sfs_mosaic_t *m, size_t x, PyObject *obj, Py_buffer *view)
 {
-    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+    if (PyBytes_CheckExact(obj)) { /* the common case, without the buffer protocol: `obj` outlives the view */
+        view->buf = PyBytes_AS_STRING(obj);
+        view->len = PyBytes_GET_SIZE(obj);
+        view->obj = NULL; /* PyBuffer_Release: nothing to do */
+    } else if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
         return -1;
     size_t want = sfs_mosaic_index(m, x)->key_size;
     if ((size_t)view->len != want) {
@@ -342,8 +349,97 @@ static PyObject *Mosaic_get(Mosaic *self, PyObject *const *args, Py_ssize_t narg
     return out;
 }
 
+/* A batch's keys are found, then copied or decoded, by this many threads
+ * at most (the caller's and the others, made for the batch): the reads of
+ * a warm batch wait on memory, of a zstd one on the decoder. A thread per
+ * BATCH_PER_THREAD keys, so a small batch makes none. */
+#define BATCH_THREADS 4
+#define BATCH_PER_THREAD 128
+/* Keys a thread takes at a time. */
+#define BATCH_CHUNK 16
+
+/* One key of a batch: what the lookup found, then where its bytes go. */
+typedef struct {
+    const uint8_t *key;
+    size_t len;
+    uint64_t object, stored, size;
+    const uint8_t *at;
+    char *dst; /* its bytes object's buffer, NULL: nothing to copy */
+    int rc;    /* SFS_OK, SFS_ENOTFOUND (absent or deleted), or an error */
+} batch_item_t;
+
+typedef struct {
+    sfs_mosaic_t *m;
+    size_t x, n;
+    batch_item_t *items;
+    int copy; /* 0: look the keys up; 1: copy or decode their bytes */
+    size_t next;
+} batch_t;
+
+/* Look item `it` up, or copy or decode its bytes (re-checked after: an
+ * object deleted in place meanwhile is SFS_ENOTFOUND); `err` for the
+ * message of a failure. Without the GIL, guarded. */
+static void batch_one(batch_t *b, batch_item_t *it, sfs_error_t *err)
+{
+    sfs_mosaic_ctx_t *ctx = sfs_mosaic_thread_ctx(b->m);
+    if (!b->copy) {
+        SFS_GUARDED(it->rc = SFS_EGONE, it->rc = lookup_object(b->m, b->x, it->key, it->len, ctx, &it->object,
+                                                                &it->at, &it->stored, &it->size, err));
+        return;
+    }
+    if (it->rc != SFS_OK || !it->dst)
+        return;
+    size_t got = 0;
+    SFS_GUARDED(it->rc = SFS_EGONE,
+                it->rc = sfs_mosaic_decode(b->m, ctx, it->object, it->at, it->stored, 0, it->dst, (size_t)it->size,
+                                           &got, err);
+                if (it->rc == SFS_OK && sfs_mosaic_object(b->m, it->object, NULL, NULL, NULL) == SFS_ENOTFOUND)
+                    it->rc = SFS_ENOTFOUND);
+    if (it->rc == SFS_OK && got != it->size) {
+        it->rc = SFS_ECORRUPT;
+        sfs_fail(err, SFS_ECORRUPT, 0, "%s: object at byte %llu is shorter than its frame header says",
+                 sfs_mosaic_path(b->m), (unsigned long long)it->object);
+    }
+}
+
+static void *batch_worker(void *arg)
+{
+    batch_t *b = arg;
+    sfs_error_t err; /* messages are made again for the failure reported */
+    for (;;) {
+        size_t i = __atomic_fetch_add(&b->next, BATCH_CHUNK, __ATOMIC_RELAXED);
+        if (i >= b->n)
+            return NULL;
+        for (size_t j = i; j < b->n && j < i + BATCH_CHUNK; j++)
+            batch_one(b, &b->items[j], &err);
+    }
+}
+
+/* Run one step of the batch over every item, on up to BATCH_THREADS
+ * threads (this one included). Without the GIL. */
+static void batch_run(batch_t *b, int copy)
+{
+    pthread_t threads[BATCH_THREADS - 1];
+    size_t made = 0, want = b->n / BATCH_PER_THREAD;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (want > (size_t)(cpus > 0 ? cpus : 1))
+        want = (size_t)(cpus > 0 ? cpus : 1);
+    b->copy = copy;
+    b->next = 0;
+    while (made + 1 < want && made < BATCH_THREADS - 1 && pthread_create(&threads[made], NULL, batch_worker, b) == 0)
+        made++;
+    batch_worker(b);
+    for (size_t t = 0; t < made; t++)
+        pthread_join(threads[t], NULL);
+}
+
 /* get_batch(kind, keys) -> [bytes or None], in the order of `keys` (an
- * iterable of keys): get() of each, one zstd context for them all. */
+ * iterable of keys): what get() of each gives. The GIL is released twice
+ * for the whole batch: once to find every key (after asking the device
+ * for every entry and object at once when the first keys' pages are not
+ * cached), once to copy or decode every object, on several threads; the
+ * bytes objects are made in between. The first failure in key order is
+ * raised. */
 static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
 {
     const char *name;
@@ -363,36 +459,37 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *result = PyList_New(n);
-    sfs_mosaic_ctx_t *ctx = sfs_mosaic_thread_ctx(m);
-    /* Every key's entry asked of the device at once, then every object's
-     * first bytes (the kernel reads them in parallel), then each object
-     * read: a cold batch waits for two rounds of reads, not two per key. */
     Py_buffer *views = result ? PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer)) : NULL;
+    batch_item_t *items = views ? PyMem_Calloc((size_t)(n ? n : 1), sizeof(batch_item_t)) : NULL;
     Py_ssize_t held = 0;
-    if (result && !views)
+    if (result && !items)
         PyErr_NoMemory();
-    for (; views && held < n; held++)
+    for (; items && held < n; held++) {
         if (get_key_of(m, (size_t)x, PySequence_Fast_GET_ITEM(seq, held), &views[held]) < 0)
             break;
-    /* Each step is skipped when the first keys' pages are cached: a warm
-     * batch pays no system call per key. */
+        items[held].key = views[held].buf;
+        items[held].len = (size_t)views[held].len;
+    }
+    /* Each prefetch step is skipped when the first keys' pages are
+     * cached: a warm batch pays no system call per key. */
     int entries_cached = 1, objects_cached = 1;
-    for (Py_ssize_t i = 0; views && !PyErr_Occurred() && i < held && i < SAMPLE; i++)
-        entries_cached &= sfs_mosaic_entry_cached(m, (size_t)x, views[i].buf, (size_t)views[i].len);
-    if (views && !PyErr_Occurred()) {
+    for (Py_ssize_t i = 0; items && !PyErr_Occurred() && i < held && i < SAMPLE; i++)
+        entries_cached &= sfs_mosaic_entry_cached(m, (size_t)x, items[i].key, items[i].len);
+    batch_t batch = {.m = m, .x = (size_t)x, .n = (size_t)n, .items = items};
+    if (items && !PyErr_Occurred()) {
         Py_BEGIN_ALLOW_THREADS
+        /* every key's entry asked of the device at once, then every
+         * object's first bytes (the kernel reads them in parallel): a cold
+         * batch waits for two rounds of reads, not two per key */
         for (Py_ssize_t i = 0; !entries_cached && i < n; i++)
-            sfs_mosaic_prefetch_entry(m, (size_t)x, views[i].buf, (size_t)views[i].len);
-        /* the first keys' objects tell; the rest are looked up here only
-         * when they must be asked for (a warm batch looks each key up once,
-         * when it is read) */
+            sfs_mosaic_prefetch_entry(m, (size_t)x, items[i].key, items[i].len);
         for (volatile Py_ssize_t i = 0; i < n; i++) {
             uint64_t object;
             int rc;
             if (i >= SAMPLE && objects_cached)
                 break;
-            SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_lookup(m, (size_t)x, views[i].buf,
-                                                                (size_t)views[i].len, NULL, &object, NULL));
+            SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_lookup(m, (size_t)x, items[i].key, items[i].len, NULL,
+                                                                &object, NULL));
             if (rc != SFS_OK)
                 continue;
             if (i < SAMPLE)
@@ -400,30 +497,57 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
             if (!objects_cached) /* a cached object needs no prefetch */
                 sfs_mosaic_prefetch_object(m, object, PREFETCH_OBJECT_BYTES);
         }
+        batch_run(&batch, 0);
         Py_END_ALLOW_THREADS
     }
+    sfs_error_t err = {0};
+    Py_ssize_t failed = -1; /* the first key whose lookup or read failed */
+    for (Py_ssize_t i = 0; items && !PyErr_Occurred() && failed < 0 && i < n; i++) {
+        if (items[i].rc == SFS_OK && items[i].size > (uint64_t)PY_SSIZE_T_MAX)
+            PyErr_NoMemory();
+        else if (items[i].rc == SFS_OK) {
+            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)items[i].size);
+            if (!bytes)
+                break;
+            items[i].dst = PyBytes_AS_STRING(bytes);
+            PyList_SET_ITEM(result, i, bytes);
+        } else if (items[i].rc != SFS_ENOTFOUND)
+            failed = i;
+    }
+    if (items && !PyErr_Occurred() && failed < 0) {
+        Py_BEGIN_ALLOW_THREADS
+        batch_run(&batch, 1);
+        Py_END_ALLOW_THREADS
+        for (Py_ssize_t i = 0; failed < 0 && i < n; i++)
+            if (items[i].rc != SFS_OK && items[i].rc != SFS_ENOTFOUND)
+                failed = i;
+    }
+    if (failed >= 0 && !PyErr_Occurred()) {
+        /* the message, made again for that key alone */
+        int copy = items[failed].dst != NULL;
+        int rc = items[failed].rc;
+        if (rc != SFS_EGONE) {
+            items[failed].rc = SFS_OK;
+            batch.copy = copy;
+            batch_one(&batch, &items[failed], &err);
+            if (copy && items[failed].rc == SFS_OK) /* it read this time: report the first failure */
+                sfs_fail(&err, rc, 0, "%s: object at byte %llu could not be read", sfs_mosaic_path(m),
+                         (unsigned long long)items[failed].object);
+            if (items[failed].rc != SFS_OK && items[failed].rc != SFS_ENOTFOUND)
+                rc = items[failed].rc;
+        }
+        mosaic_error(m, rc, &err);
+    }
+    for (Py_ssize_t i = 0; result && !PyErr_Occurred() && i < n; i++)
+        if (!items[i].dst || items[i].rc != SFS_OK) {
+            PyObject *old = PyList_GET_ITEM(result, i);
+            PyList_SET_ITEM(result, i, Py_NewRef(Py_None));
+            Py_XDECREF(old);
+        }
     for (Py_ssize_t i = 0; i < held; i++)
         PyBuffer_Release(&views[i]);
     PyMem_Free(views);
-    for (Py_ssize_t i = 0; result && !PyErr_Occurred() && i < n; i++) {
-        Py_buffer key;
-        if (get_key_of(m, (size_t)x, PySequence_Fast_GET_ITEM(seq, i), &key) < 0)
-            break;
-        sfs_error_t err = {0};
-        PyObject *out;
-        int rc = get_one(m, (size_t)x, key.buf, (size_t)key.len, ctx, &out, &err);
-        PyBuffer_Release(&key);
-        if (rc != SFS_OK) {
-            if (!PyErr_Occurred())
-                mosaic_error(m, rc, &err);
-            break;
-        }
-        if (!out) {
-            Py_INCREF(Py_None);
-            out = Py_None;
-        }
-        PyList_SET_ITEM(result, i, out);
-    }
+    PyMem_Free(items);
     Py_DECREF(seq);
     mosaic_let_go(self);
     if (PyErr_Occurred()) {

@@ -740,6 +740,19 @@ static int entry_read(const sfs_mosaic_t *m, const mosaic_index_t *x, uint64_t s
 int sfs_mosaic_lookup(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len,
                       uint64_t *slot, uint64_t *object, sfs_error_t *err)
 {
+    return sfs_mosaic_lookup_at(m, index, key, key_len, sfs_mosaic_slot_of(m, index, key, key_len), slot, object,
+                                err);
+}
+
+void sfs_mosaic_cache_ahead(const sfs_mosaic_t *m, uint64_t pos)
+{
+    if (pos < m->map_size)
+        __builtin_prefetch(m->map + pos);
+}
+
+int sfs_mosaic_lookup_at(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len, int64_t v,
+                         uint64_t *slot, uint64_t *object, sfs_error_t *err)
+{
     if (index >= m->info.indexes)
         return sfs_fail(err, SFS_EINVAL, 0, "%s: no index %zu (the file has %zu)", m->path, index,
                         m->info.indexes);
@@ -749,7 +762,6 @@ int sfs_mosaic_lookup(const sfs_mosaic_t *m, size_t index, const uint8_t *key, s
                         m->path, x->info.name, x->info.key_size, key_len);
     if (x->info.slots == 0)
         return SFS_ENOTFOUND;
-    int64_t v = sfs_gof_get(x->gof, key, key_len);
     if (v < 0)
         return SFS_ENOTFOUND;
     if ((uint64_t)v >= x->info.slots)

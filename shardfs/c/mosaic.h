@@ -232,6 +232,18 @@ int sfs_mosaic_lookup(const sfs_mosaic_t *m, size_t index, const uint8_t *key, s
  * GOFunction says no key has one, or for a bad index or key length. */
 int64_t sfs_mosaic_slot_of(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len);
 
+/* sfs_mosaic_lookup with the GOFunction's value `v` for `key` already
+ * computed (sfs_mosaic_slot_of): a batch evaluates it for several keys,
+ * asks the CPU for their entries (sfs_mosaic_cache_ahead), then reads
+ * them, so the memory waits of several keys overlap. */
+int sfs_mosaic_lookup_at(const sfs_mosaic_t *m, size_t index, const uint8_t *key, size_t key_len, int64_t v,
+                         uint64_t *slot, uint64_t *object, sfs_error_t *err);
+
+/* Ask the CPU to bring the cache line holding byte `pos` of the mapping
+ * into its cache (a prefetch instruction: no wait, no fault; a page not
+ * in memory is not read). Out of range: nothing. */
+void sfs_mosaic_cache_ahead(const sfs_mosaic_t *m, uint64_t pos);
+
 /* Entry `slot` (< slots) of index `index`: its key into key_out (key_size
  * bytes; may be NULL) and its object's position into *object (may be
  * NULL). SFS_ENOTFOUND for a deleted entry (starting with a Void element,

@@ -220,12 +220,21 @@ static PyObject *Mosaic_lookup(Mosaic *self, PyObject *args)
  * position, its stored bytes (at, stored) and decoded size; the pages of
  * a raw object of at most COPY_WITH_GIL bytes touched. SFS_ENOTFOUND, or
  * an error status (err filled). Runs without the GIL, guarded. */
+static int object_found(sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, const uint64_t *object, const uint8_t **at,
+                        uint64_t *stored, uint64_t *size, sfs_error_t *err);
+
 static int lookup_object(sfs_mosaic_t *m, size_t x, const uint8_t *key, size_t len, sfs_mosaic_ctx_t *ctx,
                          uint64_t *object, const uint8_t **at, uint64_t *stored, uint64_t *size, sfs_error_t *err)
 {
     int rc = sfs_mosaic_lookup(m, x, key, len, NULL, object, err);
-    if (rc != SFS_OK)
-        return rc;
+    return rc != SFS_OK ? rc : object_found(m, ctx, object, at, stored, size, err);
+}
+
+/* lookup_object's second half, for the object found at *object. */
+static int object_found(sfs_mosaic_t *m, sfs_mosaic_ctx_t *ctx, const uint64_t *object, const uint8_t **at,
+                        uint64_t *stored, uint64_t *size, sfs_error_t *err)
+{
+    int rc;
     const uint8_t *p = sfs_mosaic_stored(m, *object, stored, &rc);
     if (!p) /* again, for the message */
         return rc == SFS_ENOTFOUND ? rc : sfs_mosaic_object(m, *object, NULL, NULL, err);
@@ -402,6 +411,44 @@ static void batch_one(batch_t *b, batch_item_t *it, sfs_error_t *err)
     }
 }
 
+/* The two steps of batch_lookups for one item, guarded (a function each:
+ * nothing of the caller's frame is touched after a fault). */
+static int guarded_entry(batch_t *b, batch_item_t *it, int64_t v, sfs_error_t *err)
+{
+    int rc;
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_mosaic_lookup_at(b->m, b->x, it->key, it->len, v, NULL, &it->object, err));
+    return rc;
+}
+
+static int guarded_object(batch_t *b, sfs_mosaic_ctx_t *ctx, batch_item_t *it, sfs_error_t *err)
+{
+    int rc;
+    SFS_GUARDED(rc = SFS_EGONE, rc = object_found(b->m, ctx, &it->object, &it->at, &it->stored, &it->size, err));
+    return rc;
+}
+
+/* batch_one's lookups of `count` items, in three passes so that the
+ * memory waits of the items overlap: every key's GOFunction evaluated and
+ * its entry asked of the CPU's cache, then every entry read and its
+ * object's element asked for, then every element read. */
+static void batch_lookups(batch_t *b, batch_item_t *items, size_t count, sfs_error_t *err)
+{
+    int64_t v[BATCH_CHUNK];
+    const sfs_mosaic_index_info_t *ix = sfs_mosaic_index(b->m, b->x);
+    sfs_mosaic_ctx_t *ctx = sfs_mosaic_thread_ctx(b->m);
+    for (size_t j = 0; j < count; j++) {
+        v[j] = sfs_mosaic_slot_of(b->m, b->x, items[j].key, items[j].len);
+        if (v[j] >= 0 && (uint64_t)v[j] < ix->slots)
+            sfs_mosaic_cache_ahead(b->m, ix->unrolled_position + (uint64_t)v[j] * ix->entry_size);
+    }
+    for (size_t j = 0; j < count; j++)
+        if ((items[j].rc = guarded_entry(b, &items[j], v[j], err)) == SFS_OK)
+            sfs_mosaic_cache_ahead(b->m, items[j].object);
+    for (size_t j = 0; j < count; j++)
+        if (items[j].rc == SFS_OK)
+            items[j].rc = guarded_object(b, ctx, &items[j], err);
+}
+
 static void *batch_worker(void *arg)
 {
     batch_t *b = arg;
@@ -410,8 +457,12 @@ static void *batch_worker(void *arg)
         size_t i = __atomic_fetch_add(&b->next, BATCH_CHUNK, __ATOMIC_RELAXED);
         if (i >= b->n)
             return NULL;
-        for (size_t j = i; j < b->n && j < i + BATCH_CHUNK; j++)
-            batch_one(b, &b->items[j], &err);
+        size_t count = b->n - i < BATCH_CHUNK ? b->n - i : BATCH_CHUNK;
+        if (!b->copy)
+            batch_lookups(b, &b->items[i], count, &err);
+        else
+            for (size_t j = i; j < i + count; j++)
+                batch_one(b, &b->items[j], &err);
     }
 }
 

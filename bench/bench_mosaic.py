@@ -28,8 +28,8 @@ Heritage's hold ~50 million objects). There the `floor` reader times what
 any reader that does not cache the whole index pays per cold object: two
 4 KiB reads one after the other (a page of the index entries, then the
 object's page), with plain preads (POSIX_FADV_RANDOM); in the dense set
-the `floor` is the whole file read from the device in 1 MiB reads, which
-no reader that touches most of the file can beat.
+`floor` times the whole file read with 1 MiB reads after the same
+drop_caches, for scale.
 
 Through a mount (`--mount`, or always unless `--no-mount`): the same
 objects as files of three `shardfs mount`s (flat layout), the Read Shard,
@@ -328,8 +328,9 @@ def main() -> None:
         got = res.value(measure, reader)
         return got / whole if got and whole else None
 
-    res.text(f"Floor, dense (cold): the whole raw file read from the device in 1 MiB reads takes as long as "
-             f"{H.fmt(whole)} objects/s of the pass; swh.mosaic's get (raw) at "
+    res.text(f"Dense set, cold, beside the whole raw file read from the device with 1 MiB reads after the same "
+             f"drop_caches ({H.fmt(whole)} objects/s of the pass; not a floor: swh.mosaic's page faults, read "
+             f"around, fetch nearly every byte of the file faster): swh.mosaic's get (raw) at "
              f"{H.fmt(of_whole('raw cold get', 'swh'), 2)}× it, its get_batch "
              f"{H.fmt(of_whole('raw cold get_batch', 'swh'), 2)}×; shardfs's get_batch "
              f"{H.fmt(of_whole('raw cold get_batch', 'shardfs'), 2)}×, its get "

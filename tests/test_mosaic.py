@@ -484,3 +484,30 @@ def _lookup(reader, key: bytes):
         return reader.lookup(key)
     except KeyError:
         return None
+
+
+def test_get_batch_reports_a_damaged_object_in_one_line(mosaics, tmp_path):
+    """`get_batch` over many keys (several threads) with one object's
+    element damaged: CorruptShardError naming its byte position in one
+    line, as `get` of that key gives; the other keys read right."""
+    path, m = mosaics["zstd"]
+    at = m["indexes"].index("sha256")
+    good = [(o[0][at], o[2]) for o in m["objects"]]
+    with MosaicFile(str(path)) as f:
+        victim = good[len(good) // 2][0]
+        obj, _ = f.locate(victim)
+    data = bytearray(path.read_bytes())
+    assert data[obj] == 0xF0  # the Object element's ID
+    data[obj] = 0xF1
+    bad = tmp_path / "bad.mosaic"
+    bad.write_bytes(bytes(data))
+    keys = [k for k, _ in good] * 3
+    with MosaicFile(str(bad)) as f:
+        with pytest.raises(CorruptShardError) as batch:
+            f.get_batch(keys)
+        with pytest.raises(CorruptShardError) as one:
+            f.get(victim)
+        assert str(batch.value) == str(one.value) and "\n" not in str(one.value) and str(obj) in str(one.value)
+        rest = [k for k in keys if k != victim]
+        assert [hashlib.sha256(d).hexdigest() for d in f.get_batch(rest)] == \
+            [digest for k, digest in good if k != victim] * 3

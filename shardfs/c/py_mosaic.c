@@ -581,11 +581,11 @@ static PyObject *Mosaic_get_batch(Mosaic *self, PyObject *args)
             items[failed].rc = SFS_OK;
             batch.copy = copy;
             batch_one(&batch, &items[failed], &err);
-            if (copy && items[failed].rc == SFS_OK) /* it read this time: report the first failure */
-                sfs_fail(&err, rc, 0, "%s: object at byte %llu could not be read", sfs_mosaic_path(m),
-                         (unsigned long long)items[failed].object);
             if (items[failed].rc != SFS_OK && items[failed].rc != SFS_ENOTFOUND)
                 rc = items[failed].rc;
+            else /* it went through this time: report the first failure without its details */
+                sfs_fail(&err, rc, 0, "%s: key %zd of the batch could not be %s", sfs_mosaic_path(m), failed,
+                         copy ? "read" : "looked up");
         }
         mosaic_error(m, rc, &err);
     }

@@ -8,6 +8,7 @@ stopped or killed server gives an error within the configured timeout,
 never a hang."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -164,13 +165,12 @@ with Shard("s3://shards/swap.shard") as again:
     assert lines[1] == f"reopened {[int(x.split()[1]) for x in n.splitlines() if x.startswith('live_objects:')][0]}"
 
 
-def test_stopped_server_gives_an_error_within_the_timeout(s3, tmp_path):
-    """radosgw stopped (SIGSTOP: it answers nothing) under a reader whose
-    local copy is made: a read fails with ETIMEDOUT within the configured
-    timeout (2 s here), never hangs; once the server resumes, reads work."""
-    cluster, endpoint, client, env, shard = s3
-    code = """
-import os, sys, time
+#: A child reader of dir/docs.shard (S3 timeout 2 s): its local copy made,
+#: it prints "opened"; at a line on stdin it reads one object and prints
+#: "read SECONDS" or "errno N SECONDS"; at the next it reads another and
+#: prints "after" and whether those bytes hash to their key.
+_OUTAGE_READER = """
+import hashlib, os, sys, time
 from shardfs.shard import Shard
 from shardfs import s3
 s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"], timeout=2)
@@ -185,19 +185,46 @@ try:
 except OSError as exc:
     print("errno", exc.errno, time.monotonic() - t)
 sys.stdin.readline()
-print("after", len(sh[keys[1]]) >= 0)
+print("after", hashlib.sha256(sh[keys[1]]).digest() == keys[1])
 """
-    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+
+
+def _read_across(env: dict, outage) -> tuple:
+    """Run _OUTAGE_READER, its first read made inside `outage` (a context
+    manager: the server's fault), its second after: (the first answer's
+    fields, the rest of its stdout, its stderr)."""
+    child = subprocess.Popen([sys.executable, "-c", _OUTAGE_READER], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "opened", child.stderr.read()
-        with cluster.paused("rgw"):
+        with outage:
             child.stdin.write("go\n")
             child.stdin.flush()
             line = child.stdout.readline().split()
         out, err = child.communicate("go\n", timeout=60)
     finally:
         child.kill()
+    return line, out, err
+
+
+@contextlib.contextmanager
+def _killed_rgw(cluster, endpoint: str):
+    """radosgw killed (SIGKILL) for the block, then a new one started on the
+    same port."""
+    port = int(endpoint.rsplit(":", 1)[1])
+    cluster.kill("rgw")
+    try:
+        yield
+    finally:
+        cluster.start_rgw(port)
+
+
+def test_stopped_server_gives_an_error_within_the_timeout(s3, tmp_path):
+    """radosgw stopped (SIGSTOP: it answers nothing) under a reader whose
+    local copy is made: a read fails with ETIMEDOUT within the configured
+    timeout (2 s here), never hangs; once the server resumes, reads work."""
+    cluster, endpoint, client, env, shard = s3
+    line, out, err = _read_across(env, cluster.paused("rgw"))
     assert line[0] == "errno" and int(line[1]) == errno.ETIMEDOUT and float(line[2]) < 5, (line, err)
     assert out.strip() == "after True", err
 
@@ -208,39 +235,7 @@ def test_killed_server_gives_an_error_at_once_under_the_api(s3, tmp_path):
     (connection refused), never hangs nor gives bytes; once a new radosgw
     listens on the same port, the same reader reads again."""
     cluster, endpoint, client, env, shard = s3
-    code = """
-import os, sys, time
-from shardfs.shard import Shard
-from shardfs import s3
-s3.configure(cache_dir=os.environ["SHARDFS_CACHE_DIR"], timeout=2)
-sh = Shard("s3://shards/dir/docs.shard")
-keys = list(sh.keys())
-print("opened", flush=True)
-sys.stdin.readline()
-t = time.monotonic()
-try:
-    sh[keys[0]]
-    print("read", time.monotonic() - t)
-except OSError as exc:
-    print("errno", exc.errno, time.monotonic() - t)
-sys.stdin.readline()
-print("after", sh[keys[1]] == sh.get(keys[1]))
-"""
-    port = int(endpoint.rsplit(":", 1)[1])
-    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "opened", child.stderr.read()
-        cluster.kill("rgw")
-        try:
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            line = child.stdout.readline().split()
-        finally:
-            cluster.start_rgw(port)
-        out, err = child.communicate("go\n", timeout=60)
-    finally:
-        child.kill()
+    line, out, err = _read_across(env, _killed_rgw(cluster, endpoint))
     assert line[0] == "errno" and float(line[2]) < 2, (line, err)
     assert out.strip() == "after True", err
 

@@ -780,6 +780,9 @@ def _tell_mounts(shard: str, keys: List[bytes]) -> None:
         if error is not None:
             logger.warning("mount %s not told of the takedown (%s): it shows there within the live "
                            "bound if it serves this shard", mount.point, error)
+        elif answer.get("dead"):
+            logger.info("mount %s: its server is gone (Transport endpoint is not connected), it serves "
+                        "nothing: `shardfs umount %s` clears it", mount.point, mount.point)
         elif answer.get("shards"):
             logger.info("mount %s: %d object(s) invalidated", mount.point, answer.get("invalidated", 0))
 

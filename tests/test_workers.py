@@ -999,6 +999,39 @@ def test_takedown_told_to_every_mount_of_the_shard(mounter, tmp_path):
     assert (flat / survivor).read_bytes() == objects[survivor]
 
 
+def test_takedown_does_not_warn_of_a_dead_mount(mounter, tmp_path):
+    """A mount whose processes were killed (kill -9: "Transport endpoint is
+    not connected") serves nothing, so `shardfs delete` has nothing to tell
+    it: no warning line for it (its point is named once, at -v, as dead),
+    while a live mount of the shard is told and forgets the object."""
+    dead_blobs = make_blobs(35, 5, 1, 100)
+    build_shard(tmp_path / "d.shard", dead_blobs)
+    dead = mounter.mount(tmp_path / "d.shard", tmp_path / "dead", "--layout", "flat")
+    for pid in daemon_pids(dead):
+        os.kill(pid, signal.SIGKILL)
+
+    def stale() -> bool:
+        try:
+            os.statvfs(dead)
+        except OSError as exc:
+            return exc.errno == errno.ENOTCONN
+        return False
+
+    assert wait_until(stale)
+    blobs = make_blobs(36, 5, 1, 100)
+    shard = tmp_path / "s.shard"
+    objects = build_shard(shard, blobs)
+    live = mounter.mount(shard, tmp_path / "live", "--layout", "flat")
+    victim = key_of(blobs[0])
+    assert (live / victim).read_bytes() == objects[victim]
+    proc = run(SHARDFS + ["-v", "delete", "--yes", str(shard), victim])
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
+    assert f"{dead}: its server is gone" in proc.stderr, proc.stderr
+    with pytest.raises(FileNotFoundError):
+        (live / victim).read_bytes()
+
+
 def _ask(point: Path, payload: bytes, uid: int = 0, pause: float = 0) -> dict:
     """Send `payload` to the takedown listener of the mount at `point` (as
     `uid`, from a child process, `pause` seconds after connecting) and

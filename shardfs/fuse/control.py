@@ -38,12 +38,14 @@ neither believed nor told which keys were taken down.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import platform
 import socket
 import stat
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -156,9 +158,11 @@ def tell_takedown(shard_path: str, keys: Iterable[bytes], timeout: float = TIMEO
 
     Returns one ``(mount, answer, error)`` per mount: `answer` the
     coordinator's reply (``{"shards": N, "invalidated": K}``; N = 0 when
-    it does not serve that shard), or `error` a one-line reason (no
-    coordinator listening: a mount of an older shardfs, or one being torn
-    down; a timeout; a listener of the wrong uid). Raises OSError when
+    it does not serve that shard; ``{"shards": 0, "invalidated": 0,
+    "dead": True}`` for a mount whose server is gone, which serves
+    nothing), or `error` a one-line reason (no coordinator listening: a
+    mount of an older shardfs, or one being torn down; a timeout; a
+    listener of the wrong uid). Raises OSError when
     `shard_path` cannot be stat'ed.
     """
     request = (json.dumps({"op": "takedown", "shard": file_identity(os.stat(shard_path)),
@@ -186,11 +190,34 @@ def tell_takedown(shard_path: str, keys: Iterable[bytes], timeout: float = TIMEO
         except socket.timeout:
             error = f"no answer within {timeout:g} s"
         except ConnectionRefusedError:
-            error = "no coordinator listening (a mount by an older shardfs, or one being unmounted)"
+            if _dead(mount.point):
+                answer = {"shards": 0, "invalidated": 0, "dead": True}
+            else:
+                error = "no coordinator listening (a mount by an older shardfs, or one being unmounted)"
         except (OSError, ValueError) as exc:
             error = str(exc) or type(exc).__name__
         results.append((mount, answer, error))
     return results
+
+
+def _dead(point: str, timeout: float = 1.0) -> bool:
+    """True when the mount at `point` has lost its server (its processes
+    died: the kernel answers ENOTCONN, "Transport endpoint is not
+    connected"), so it serves nothing. The probe runs in a daemon thread so
+    that a mount whose server is alive but stuck cannot hang the caller: it
+    counts as not dead after `timeout` seconds."""
+    found: List[bool] = []
+
+    def probe() -> None:
+        try:
+            os.statvfs(point)
+        except OSError as exc:
+            found.append(exc.errno == errno.ENOTCONN)
+
+    thread = threading.Thread(target=probe, name="shardfs-mount-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(found and found[0])
 
 
 def parse_request(line: bytes) -> Tuple[Dict[str, int], List[bytes]]:

@@ -24,7 +24,7 @@ C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/w
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h shardfs/c/ll.h \
 	shardfs/c/ll_fast.c shardfs/c/ll_snapshot.c shardfs/c/ll_snapshot.h shardfs/c/ll_resolve.c shardfs/c/ll_resolve.h \
-	shardfs/c/ll_guarded.h shardfs/c/ll_ahead.c shardfs/c/ll_ahead.h
+	shardfs/c/ll_guarded.h shardfs/c/ll_ahead.c shardfs/c/ll_ahead.h shardfs/c/ll_pool.c shardfs/c/ll_pool.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
 	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h shardfs/c/kind.h \
 	shardfs/c/mosaic.h shardfs/c/ph.h shardfs/c/remote_copy.h shardfs/c/s3.h
@@ -147,7 +147,7 @@ SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py tests/test_sigbus_guard.py \
 	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py \
 	tests/test_hashes.py tests/test_ceph.py tests/test_workers.py tests/test_slow_device.py tests/test_mount_scale.py \
-	tests/test_mosaic.py
+	tests/test_mosaic.py tests/test_open_bound.py
 # swh's winery setup runs psql, which hangs with the sanitizer runtime preloaded.
 SAN_PY_DESELECT := --deselect tests/test_ceph.py::test_a_winery_mount_reads_its_rbd_pool_through_librbd
 FUZZ_DIR ?= build/fuzz
@@ -221,7 +221,7 @@ test-asan: apt venv test-ph $(SAN_DIR)/test_shard $(SAN_DIR)/test_sidecar $(SAN_
 TSAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer
 TSAN_DIR := build/tsan
 TSAN_OPTS := halt_on_error=1 second_deadlock_stack=1 suppressions=$(abspath tests/tsan/tsan.supp)
-TSAN_PY_TESTS ?= tests/test_workers.py tests/test_slow_device.py tests/test_mount_scale.py
+TSAN_PY_TESTS ?= tests/test_workers.py tests/test_slow_device.py tests/test_mount_scale.py tests/test_open_bound.py
 
 $(TSAN_DIR)/test_%: tests/c/test_%.c tests/c/check.h $(C_SOURCES) $(C_HEADERS)
 	@mkdir -p $(@D)

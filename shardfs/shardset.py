@@ -280,6 +280,9 @@ class SnapshotState:
     #: (shard number, `shardfs._shardfs.Reader`) of each removed shard
     #: still open here.
     removed_open: Tuple[Tuple[int, Any], ...] = ()
+    #: The `shardfs._shardfs.ShardPool` that opens a served shard not in
+    #: `open_shards` for the resolver, or None (the handlers open it).
+    pool: Any = None
 
 
 def file_ident(st: os.stat_result) -> Tuple[int, int, int]:
@@ -364,11 +367,20 @@ class ShardSet:
         #: sidecar are then kept past the bound); set by the mount.
         self.in_use: Callable[[int], bool] = lambda number: False
         self.max_open = max_open or default_max_open()
+        #: The bound splits between the shards Python opens (`open_shards`:
+        #: listings, reads of the API, shards the pool could not open) and
+        #: the pool of shards the C resolver opens itself (`pool`: lookups
+        #: and reads of a mount), three quarters of it.
+        python_bound = max(min(self.max_open, MIN_OPEN), self.max_open // 4)
+        #: Shards the C resolver opens on demand and closes, least recently
+        #: used first, within its bound (``shardfs/c/ll_pool.h``): a key in
+        #: a shard not open costs an open in C, not a trip through Python.
+        self.pool = _shardfs.ShardPool(max(1, self.max_open - python_bound))
         #: The served shards open in this process, probed by `find` through
         #: the C resolver (`resolver`); `open_shards` keeps their recency
         #: order and bound.
         self.open_table = OpenShards()
-        self.open_shards = OpenCache(self.max_open, lambda n: self.in_use(n),
+        self.open_shards = OpenCache(python_bound, lambda n: self.in_use(n),
                                      touched=self.open_table.touched,
                                      dropped=lambda n: self.open_table.set(n, None))
         self.open_sidecars = OpenCache(self.max_open, lambda n: False)
@@ -416,7 +428,7 @@ class ShardSet:
                                      else int(round(member.mtime * 1e9)) if mtimes else 0)
         hashes = self.hashes.snapshot_hashes(len(states), hash_dirs or {}) if self.hashes is not None else None
         return SnapshotState(self.open_table, self.filters if self._filtered[1] else None, levels, maps, states,
-                             hashes=hashes)
+                             hashes=hashes, pool=self.pool)
 
     def resolver(self) -> Any:
         """The C resolver (`shardfs._shardfs.Resolver`) over the set as it
@@ -625,6 +637,9 @@ class ShardSet:
             self.mark_indexed(member)
         if self.hashes is not None:
             self.hashes.attach(member)
+        if member.source is None and not member.removed and not is_remote_source(member.path):
+            self.pool.register(member.number, member.path, tuple(member.ident[:2]), member.objects_count,
+                               member.extent)
         self.version += 1
         return member
 
@@ -636,6 +651,7 @@ class ShardSet:
         member.removed = True
         self.version += 1
         self.open_table.set(member.number, None)
+        self.pool.forget(member.number)
         self.filters.remove(member.number)
         if self.index is not None:
             self.index.detach(member.number)
@@ -666,6 +682,8 @@ class ShardSet:
             member.held = member.filter = None
         if self.hashes is not None:
             self.hashes.close()
+        for number in self.shards:
+            self.pool.forget(number)
         self.open_table.clear()
         self.open_shards.clear()
         self.open_sidecars.clear()

@@ -95,6 +95,62 @@ def test_set_with_a_small_bound_finds_every_key(small_shards, tmp_path):
     shards.close()
 
 
+def test_lookups_open_shards_in_c_within_the_pool_bound(small_shards, tmp_path):
+    """Past the bound, `find` opens the shard of a present key in C (the
+    set's ShardPool), never through Python's cache of open shards, and
+    stays within the pool's bound; a shard file replaced under its name
+    while the pool had it closed is not opened in its place (its old keys
+    are absent, the new file's keys too: it was never added), and a
+    removed shard is never opened again."""
+    base, contents = small_shards
+    work = tmp_path / "shards"
+    work.mkdir()
+    for name in contents:
+        os.link(base / name, work / name)
+    shards = ShardSet(cache_dir=str(tmp_path / "cache"), max_open=32)
+    pool_bound = shards.pool.stats()["bound"]
+    assert pool_bound == 32 - 16 and shards.open_shards.capacity == 16
+    shards.index = IndexSet(index_dir(str(tmp_path / "cache"), "pool"))
+    shards.index.load()
+    members = {name: shards.add(str(work / name)) for name in sorted(contents)}
+    shards.index.add_shards(((m.identity, m.shard) for m in shards.served()),
+                            [m.identity for m in shards.served()])
+    shards.reload_index()
+    reopens, opened = shards.reopens, len(shards.open_shards)
+    for name in sorted(contents):
+        for key, data in contents[name].items():
+            member, _, _, size = shards.find(key)
+            assert member is members[name] and size == len(data)
+        assert shards.pool.stats()["open"] <= pool_bound
+    stats = shards.pool.stats()
+    assert shards.reopens == reopens and len(shards.open_shards) == opened  # not one open through Python
+    assert stats["opens"] >= SHARDS - opened - pool_bound and stats["evictions"] > 0, stats
+    assert stats["open"] == pool_bound
+
+    # Replaced while the pool has it closed (every other shard read since).
+    victim = sorted(contents)[3]
+    replacement = objects_of(50_000)
+    write(tmp_path / "new.shard", replacement)
+    for name in sorted(contents)[10:10 + 2 * pool_bound]:
+        shards.find(next(iter(contents[name])))
+    os.rename(tmp_path / "new.shard", work / victim)
+    shards.open_shards.clear()  # Python's copy, were it open, would read the old file
+    opens = shards.pool.stats()["opens"]
+    for key in contents[victim]:
+        assert shards.find(key) is None
+    assert shards.find(next(iter(replacement))) is None
+    assert shards.pool.stats()["opens"] == opens  # the new file was opened, and refused, every time
+
+    # Removed: never opened again.
+    gone = members[sorted(contents)[5]]
+    shards.remove(gone)
+    for key in contents[sorted(contents)[5]]:
+        assert shards.find(key) is None
+    assert shards.pool.stats()["opens"] == opens
+    shards.close()
+    assert shards.pool.stats()["open"] == 0
+
+
 def test_set_never_holds_more_than_its_bound_even_for_a_moment(small_shards, tmp_path):
     """A shard is opened only once there is room for it: with descriptors
     for exactly `max_open` shards left, a set opens every shard in turn (an

@@ -170,6 +170,7 @@ int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *na
         fast_entry(s, res == LL_FOUND ? &found : NULL, &e);
         count_lookup(s->fast, &found);
     }
+    ll_found_release(&found);
     ll_snapshot_release(snap);
     if (replied)
         fuse_reply_entry(req, &e);
@@ -202,6 +203,7 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
         res = ll_resolve_inode(snap, ino, 0, &found);
         if (res == LL_FOUND)
             ll_fill_attr(s, &st, ino, 0, found.size, found.mtime_ns);
+        ll_found_release(&found);
     }
     ll_snapshot_release(snap);
     if (res != LL_FOUND)
@@ -252,6 +254,7 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
         else if (len > n)
             __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
     }
+    ll_found_release(&found);
     ll_snapshot_release(snap);
     int replied = 1;
     if (res != LL_FOUND)
@@ -284,10 +287,12 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
      * at every open by CPython, cached or not, and a push reads the object
      * again from the cluster; its READ, if its pages are not cached, takes
      * the read the LOOKUP started (rbd.h). */
+    found.held = NULL;
     int stored = snap && ll_resolve_inode(snap, ino, 0, &found) == LL_FOUND &&
                          !(sfs_kind_flags(found.shard) & SFS_KIND_REMOTE)
                      ? ll_push(s, found.shard, ino, found.offset, found.size, found.size < want ? found.size : want)
                      : -1;
+    ll_found_release(&found);
     ll_snapshot_release(snap);
     return stored;
 }

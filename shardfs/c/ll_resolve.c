@@ -110,9 +110,27 @@ static int key_candidates(const ll_snapshot_t *snap, const uint8_t key[SFS_KEY_S
     return rc;
 }
 
+/* Shard `number` (served) from the snapshot, else opened by its pool and
+ * held by the answer f (letting go of a shard held for an earlier
+ * candidate); NULL when neither has it. */
+static sfs_shard_t *shard_of(ll_snapshot_t *snap, uint32_t number, int64_t *mtime, ll_found_t *f)
+{
+    sfs_shard_t *shard = ll_snapshot_shard(snap, number, mtime);
+    if (shard || !snap->pool || number >= snap->nshards || snap->mtimes[number] < 0)
+        return shard;
+    int status;
+    if (!(shard = ll_pool_get(snap->pool, number, &status)))
+        return NULL;
+    ll_found_release(f);
+    f->held = shard;
+    *mtime = snap->mtimes[number];
+    return shard;
+}
+
 /* Ask the candidates in number order (by key, or through their hash index
  * of `kind` when kind >= 0) for `key`. The first that holds it answers;
- * one not open here stops the search (LL_NEED_OPEN: the handlers open it);
+ * one neither open here nor opened by the pool stops the search
+ * (LL_NEED_OPEN: the handlers open it);
  * one that cannot be read is told only if none after it holds the key. */
 static enum ll_resolution probe(ll_snapshot_t *snap, numbers_t *c, const uint8_t key[SFS_KEY_SIZE], int kind,
                                 uint64_t start, uint64_t below, ll_found_t *f)
@@ -125,7 +143,7 @@ static enum ll_resolution probe(ll_snapshot_t *snap, numbers_t *c, const uint8_t
         if (number >= below)
             break;
         int64_t mtime;
-        sfs_shard_t *shard = ll_snapshot_shard(snap, number, &mtime);
+        sfs_shard_t *shard = shard_of(snap, number, &mtime, f);
         if (!shard) {
             if (number < snap->nshards && snap->mtimes[number] >= 0) {
                 f->number = number; /* served, not open here */
@@ -241,7 +259,8 @@ enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int for_r
     int64_t state = number < snap->nshards ? snap->mtimes[number] : LL_UNKNOWN;
     if (state == LL_UNKNOWN || (state == LL_REMOVED && !for_read))
         return LL_STALE;
-    sfs_shard_t *shard = snap->shards[number];
+    int64_t mtime;
+    sfs_shard_t *shard = state >= 0 ? shard_of(snap, number, &mtime, f) : snap->shards[number];
     if (!shard)
         return LL_NEED_OPEN;
     f->shard = shard;

@@ -3,6 +3,10 @@
  * stands for and what an inode names, over one snapshot of the shard set
  * (ll_snapshot.h), in C, with no Python and no lock.
  *
+ * A served shard the snapshot does not hold open is opened by the
+ * snapshot's pool (ll_pool.h), in C; only when that open fails (the file
+ * changed, or cannot be opened) does the resolver say LL_NEED_OPEN.
+ *
  * Both front ends use it: the request path answering the kernel alone
  * (ll_fast.c, the GIL not held) and the Python handlers
  * (shardfs.fuse.handlers.ShardFS, through the Resolver type of py_resolve.c)
@@ -46,7 +50,9 @@ typedef struct {
     uint64_t size;        /* bytes */
     int64_t mtime_ns;     /* its shard's mtime */
     int status;           /* LL_FAILED: the SFS_* status */
-    sfs_shard_t *shard;   /* LL_FOUND: its shard, valid while the snapshot is held */
+    sfs_shard_t *shard;   /* LL_FOUND: its shard, valid while the snapshot is held and
+                           * until ll_found_release */
+    sfs_shard_t *held;    /* a shard the snapshot's pool opened for this answer (a reference) */
     size_t probed;        /* shard indexes (or hash indexes) asked */
     int by_hash;          /* found by sha1 or sha1_git: probed counts hash index probes */
     /* the first LL_PROBED_MAX shard numbers asked (their use, for the
@@ -54,6 +60,14 @@ typedef struct {
     uint32_t probed_numbers[8];
 } ll_found_t;
 #define LL_PROBED_MAX 8
+
+/* Let go of what an answer holds (a shard opened for it by the snapshot's
+ * pool): after each ll_resolve_* call, before the snapshot is released. */
+static inline void ll_found_release(ll_found_t *found)
+{
+    sfs_close(found->held);
+    found->held = NULL;
+}
 
 /* Look `name` (NUL-terminated, as the kernel hands it) up in directory
  * `parent`. LL_FOUND (the object of the lowest-numbered shard holding it),

@@ -55,6 +55,7 @@ static void snapshot_free(ll_snapshot_t *s)
         free(h->indexes);
         free(h->unlevelled);
     }
+    ll_pool_unref(s->pool);
     free(s);
 }
 
@@ -265,7 +266,7 @@ static int take_filters(ll_snapshot_t *s, PyObject *filters)
  * type-checked. */
 struct state_fields {
     PyObject *open_shards, *filters, *levels, *maps, *states, *prefix_lengths, *dir_time_ns, *applied, *orders,
-        *hashes, *removed_open;
+        *hashes, *removed_open, *pool;
 };
 
 static void fields_release(struct state_fields *f)
@@ -278,7 +279,7 @@ static void fields_release(struct state_fields *f)
 static int fields_take(PyObject *state, struct state_fields *f)
 {
     static const char *const names[] = {"open_shards", "filters", "levels", "maps", "states", "prefix_lengths",
-                                        "dir_time_ns", "applied", "orders", "hashes", "removed_open"};
+                                        "dir_time_ns", "applied", "orders", "hashes", "removed_open", "pool"};
     PyObject **v = (PyObject **)f;
     memset(f, 0, sizeof(*f));
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -286,10 +287,11 @@ static int fields_take(PyObject *state, struct state_fields *f)
             return -1;
     if (!PyObject_TypeCheck(f->open_shards, &OpenShardsType) || !PyTuple_Check(f->levels) ||
         !PyTuple_Check(f->maps) || !PyTuple_Check(f->prefix_lengths) || !PyTuple_Check(f->orders) ||
-        !PyTuple_Check(f->removed_open) || !PyLong_Check(f->dir_time_ns) || !PyLong_Check(f->applied)) {
+        !PyTuple_Check(f->removed_open) || !PyLong_Check(f->dir_time_ns) || !PyLong_Check(f->applied) ||
+        (f->pool != Py_None && !PyObject_TypeCheck(f->pool, &ShardPoolType))) {
         PyErr_SetString(PyExc_TypeError, "snapshot state: open_shards must be an OpenShards; levels, maps, "
                                          "prefix_lengths, orders and removed_open tuples; dir_time_ns and "
-                                         "applied ints");
+                                         "applied ints; pool a ShardPool or None");
         return -1;
     }
     return 0;
@@ -319,6 +321,8 @@ static ll_snapshot_t *ll_snapshot_build_fields(const struct state_fields *in)
     ll_snapshot_t *s = alloc_array(1, sizeof(*s));
     if (!s)
         return NULL;
+    if (in->pool != Py_None)
+        s->pool = ll_pool_ref(((ShardPool *)in->pool)->pool);
     if ((uintptr_t)s & ~PTR_MASK) { /* never on x86-64 or arm64 user space */
         free(s);
         PyErr_SetString(PyExc_MemoryError, "snapshot allocated above 2^48");

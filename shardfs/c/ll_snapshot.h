@@ -33,6 +33,7 @@
 
 #include "py_module.h"
 #include "ll_names.h"
+#include "ll_pool.h"
 
 #pragma GCC visibility push(hidden)
 
@@ -84,11 +85,13 @@ typedef struct ll_snapshot {
     sfs_sidecar_t **filters;      /* [nfilters]: a reference, or NULL (no filter: always a candidate) */
     uint32_t *filter_numbers;     /* [nfilters]: the shard number of filters[j] */
     struct ll_hash_names hashes[2]; /* [0] sha1, [1] sha1_git */
+    ll_pool_t *pool;              /* where a served shard not in `shards` is opened (a reference), or NULL */
 } ll_snapshot_t;
 
 /* Build a snapshot from `state`, a shardfs.shardset.SnapshotState (its
  * attributes: open_shards, filters, levels, maps, states, prefix_lengths,
- * dir_time_ns, applied, orders, hashes, removed_open; documented there).
+ * dir_time_ns, applied, orders, hashes, removed_open, pool; documented
+ * there).
  * Under the GIL. Returns it (not published), or NULL with an exception set
  * (AttributeError, TypeError, ValueError, MemoryError). */
 ll_snapshot_t *ll_snapshot_build(PyObject *state);

@@ -50,7 +50,14 @@ static inline void table_changed(void)
 }
 
 extern PyTypeObject ReaderType, WriterType, SidecarType, SidecarSetType, GlobalIndexType,
-    OpenShardsType, HashIndexType, ResolverType, MosaicType;
+    OpenShardsType, HashIndexType, ResolverType, MosaicType, ShardPoolType;
+
+/* ShardPool (py_resolve.c): a pool of shards the resolver opens on demand
+ * (ll_pool.h). */
+typedef struct {
+    PyObject_HEAD
+    struct ll_pool *pool;
+} ShardPool;
 
 /* ---------------------------------------------------------------- errors (module.c) */
 

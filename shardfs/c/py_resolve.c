@@ -132,6 +132,7 @@ static PyObject *ask(Resolver *self, const struct question *q)
     if (q->what != Q_INODE)
         mark_used(self, &f);
     PyObject *r = answer(res, &f);
+    ll_found_release(&f);
     ll_snapshot_release(snap);
     return r;
 }
@@ -238,6 +239,7 @@ static PyObject *Resolver_read(Resolver *self, PyObject *args)
             }
         }
     }
+    ll_found_release(&f);
     ll_snapshot_release(snap);
     return r;
 }
@@ -268,5 +270,115 @@ PyTypeObject ResolverType = {
               "(state: a shardfs.shardset.SnapshotState); see lookup, find, inode, read",
     .tp_methods = Resolver_methods,
     .tp_init = (initproc)Resolver_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---------------------------------------------------------------- ShardPool */
+
+static int ShardPool_init(ShardPool *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"bound", "map_budget", NULL};
+    Py_ssize_t bound;
+    unsigned long long budget = 1ULL << 46;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|K:ShardPool", kwlist, &bound, &budget))
+        return -1;
+    if (bound < 1) {
+        PyErr_SetString(PyExc_ValueError, "ShardPool: bound must be >= 1");
+        return -1;
+    }
+    if (self->pool) {
+        ll_pool_set_bounds(self->pool, (size_t)bound, budget);
+        return 0;
+    }
+    if (!(self->pool = ll_pool_new((size_t)bound, budget))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void ShardPool_dealloc(ShardPool *self)
+{
+    ll_pool_unref(self->pool); /* snapshots holding it keep it */
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int pool_ready(ShardPool *self)
+{
+    if (self->pool)
+        return 1;
+    PyErr_SetString(PyExc_ValueError, "ShardPool not initialized");
+    return 0;
+}
+
+/* register(number, source, ident, objects, extent): ident None or (dev, ino). */
+static PyObject *ShardPool_register(ShardPool *self, PyObject *args)
+{
+    unsigned long long number, objects, extent, dev = 0, ino = 0;
+    PyObject *source, *ident;
+    if (!pool_ready(self) || !PyArg_ParseTuple(args, "KO&OKK:register", &number, PyUnicode_FSConverter, &source,
+                                               &ident, &objects, &extent))
+        return NULL;
+    int has_ident = ident != Py_None;
+    if ((has_ident && !PyArg_ParseTuple(ident, "KK:ident", &dev, &ino)) || number >= LL_POOL_MAX_NUMBER) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "register: shard number out of range");
+        Py_DECREF(source);
+        return NULL;
+    }
+    int rc = ll_pool_register(self->pool, (uint32_t)number, PyBytes_AS_STRING(source), has_ident, dev, ino,
+                              objects, extent);
+    Py_DECREF(source);
+    if (rc < 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShardPool_forget(ShardPool *self, PyObject *args)
+{
+    unsigned long long number;
+    if (!pool_ready(self) || !PyArg_ParseTuple(args, "K:forget", &number))
+        return NULL;
+    if (number < LL_POOL_MAX_NUMBER) {
+        Py_BEGIN_ALLOW_THREADS /* its close may unmap a large shard */
+        ll_pool_forget(self->pool, (uint32_t)number);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShardPool_stats(ShardPool *self, PyObject *unused)
+{
+    if (!pool_ready(self))
+        return NULL;
+    ll_pool_stats_t st;
+    ll_pool_stats(self->pool, &st);
+    return Py_BuildValue("{s:n,s:K,s:K,s:K,s:n,s:K}", "open", (Py_ssize_t)st.open, "mapped",
+                         (unsigned long long)st.mapped, "opens", (unsigned long long)st.opens, "evictions",
+                         (unsigned long long)st.evictions, "bound", (Py_ssize_t)st.bound, "map_budget",
+                         (unsigned long long)st.map_budget);
+}
+
+static PyMethodDef ShardPool_methods[] = {
+    {"register", (PyCFunction)ShardPool_register, METH_VARARGS,
+     "register(number, source, ident, objects, extent): shard `number` is opened from the path `source`; "
+     "ident None or (st_dev, st_ino) the file must have; its object count and extent (bytes) must match"},
+    {"forget", (PyCFunction)ShardPool_forget, METH_VARARGS,
+     "forget(number): shard `number` is no longer opened here (closed once its requests let go)"},
+    {"stats", (PyCFunction)ShardPool_stats, METH_NOARGS,
+     "stats() -> dict: open (shards), mapped (bytes), opens, evictions (since made), bound, map_budget (bytes)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject ShardPoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shardfs._shardfs.ShardPool",
+    .tp_basicsize = sizeof(ShardPool),
+    .tp_dealloc = (destructor)ShardPool_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ShardPool(bound, map_budget=2**46): shards the resolver opens on demand, in C, at most `bound` "
+              "of them and `map_budget` bytes mapped, least recently used closed first (shardfs/c/ll_pool.h)",
+    .tp_methods = ShardPool_methods,
+    .tp_init = (initproc)ShardPool_init,
     .tp_new = PyType_GenericNew,
 };

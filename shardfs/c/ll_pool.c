@@ -1,0 +1,305 @@
+/*
+ * ll_pool.c — shards opened on demand for the resolver (ll_pool.h).
+ */
+#include "ll_pool.h"
+#include "guard.h"
+#include "kind.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define STRIPES 64
+#define CHUNK_BITS 12
+#define CHUNK (1u << CHUNK_BITS)
+#define NCHUNKS (LL_POOL_MAX_NUMBER / CHUNK)
+
+/* One shard number. `source`, the ident fields, `gen`, `state` and
+ * `shard` change under the entry's stripe lock; `shard` and `used` are
+ * also read without it, as hints, by the clock. */
+struct entry {
+    char *source;
+    uint64_t dev, ino, objects, extent;
+    uint32_t gen;      /* changes at each register and forget */
+    uint8_t state;     /* 1: registered */
+    uint8_t has_ident;
+    uint8_t used;      /* the clock's mark: read since the hand last passed */
+    sfs_shard_t *shard; /* open here, the pool's reference, or NULL */
+};
+
+struct ll_pool {
+    int refs;
+    pthread_mutex_t stripes[STRIPES];
+    pthread_mutex_t evicting; /* one clock hand at a time */
+    struct entry *chunks[NCHUNKS];
+    uint32_t top;    /* highest number registered + 1 */
+    uint32_t hand;   /* the clock's next entry (under `evicting`) */
+    size_t open;     /* shards open, and opens under way (each reserved its room first) */
+    uint64_t mapped; /* bytes mapped by the shards open */
+    uint64_t opens, evictions;
+    size_t bound;
+    uint64_t map_budget;
+};
+
+static struct entry *entry_of(ll_pool_t *p, uint32_t number)
+{
+    if (number >= LL_POOL_MAX_NUMBER)
+        return NULL;
+    struct entry *c = __atomic_load_n(&p->chunks[number >> CHUNK_BITS], __ATOMIC_ACQUIRE);
+    return c ? &c[number & (CHUNK - 1)] : NULL;
+}
+
+static pthread_mutex_t *stripe_of(ll_pool_t *p, uint32_t number) { return &p->stripes[number % STRIPES]; }
+
+ll_pool_t *ll_pool_new(size_t bound, uint64_t map_budget)
+{
+    ll_pool_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->refs = 1;
+    for (int i = 0; i < STRIPES; i++)
+        pthread_mutex_init(&p->stripes[i], NULL);
+    pthread_mutex_init(&p->evicting, NULL);
+    p->bound = bound ? bound : 1;
+    p->map_budget = map_budget;
+    return p;
+}
+
+ll_pool_t *ll_pool_ref(ll_pool_t *p)
+{
+    __atomic_add_fetch(&p->refs, 1, __ATOMIC_RELAXED);
+    return p;
+}
+
+/* Take entry e's shard out of the pool (the entry's stripe held); the
+ * caller closes it after unlocking. */
+static sfs_shard_t *take_shard(ll_pool_t *p, struct entry *e)
+{
+    sfs_shard_t *s = e->shard;
+    if (s) {
+        __atomic_store_n(&e->shard, NULL, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&p->mapped, s->map_size, __ATOMIC_RELAXED);
+    }
+    return s;
+}
+
+void ll_pool_unref(ll_pool_t *p)
+{
+    if (!p || __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    for (size_t c = 0; c < NCHUNKS; c++) {
+        struct entry *chunk = p->chunks[c];
+        for (size_t i = 0; chunk && i < CHUNK; i++) {
+            sfs_close(chunk[i].shard);
+            free(chunk[i].source);
+        }
+        free(chunk);
+    }
+    for (int i = 0; i < STRIPES; i++)
+        pthread_mutex_destroy(&p->stripes[i]);
+    pthread_mutex_destroy(&p->evicting);
+    free(p);
+}
+
+/* Close one shard the clock finds unused since the hand last passed it
+ * (a second pass takes any). 1 when one was closed, 0 when none is open. */
+static int evict_one(ll_pool_t *p)
+{
+    pthread_mutex_lock(&p->evicting);
+    uint32_t top = __atomic_load_n(&p->top, __ATOMIC_ACQUIRE);
+    sfs_shard_t *victim = NULL;
+    for (uint64_t step = 0; top && step < 2 * (uint64_t)top && !victim; step++) {
+        uint32_t number = p->hand < top ? p->hand : 0;
+        p->hand = number + 1;
+        struct entry *e = entry_of(p, number);
+        if (!e) { /* no chunk: skip it whole */
+            p->hand = (number | (CHUNK - 1)) + 1;
+            continue;
+        }
+        if (!__atomic_load_n(&e->shard, __ATOMIC_RELAXED))
+            continue;
+        if (__atomic_load_n(&e->used, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&e->used, 0, __ATOMIC_RELAXED);
+            continue;
+        }
+        pthread_mutex_t *m = stripe_of(p, number);
+        pthread_mutex_lock(m);
+        victim = take_shard(p, e);
+        pthread_mutex_unlock(m);
+    }
+    if (victim)
+        __atomic_add_fetch(&p->evictions, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&p->evicting);
+    sfs_close(victim); /* its requests in flight keep it until they let go */
+    return victim != NULL;
+}
+
+/* Close shards until the pool holds at most `bound` (counting the rooms
+ * reserved) and maps at most its budget. */
+static void make_room(ll_pool_t *p)
+{
+    while ((__atomic_load_n(&p->open, __ATOMIC_RELAXED) > __atomic_load_n(&p->bound, __ATOMIC_RELAXED) ||
+            __atomic_load_n(&p->mapped, __ATOMIC_RELAXED) > __atomic_load_n(&p->map_budget, __ATOMIC_RELAXED)) &&
+           evict_one(p))
+        ;
+}
+
+void ll_pool_set_bounds(ll_pool_t *p, size_t bound, uint64_t map_budget)
+{
+    __atomic_store_n(&p->bound, bound ? bound : 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->map_budget, map_budget, __ATOMIC_RELAXED);
+    make_room(p);
+}
+
+int ll_pool_register(ll_pool_t *p, uint32_t number, const char *source, int has_ident, uint64_t dev,
+                     uint64_t ino, uint64_t objects, uint64_t extent)
+{
+    if (number >= LL_POOL_MAX_NUMBER)
+        return -1;
+    struct entry **slot = &p->chunks[number >> CHUNK_BITS];
+    if (!*slot) { /* one writer: no other thread allocates chunks */
+        struct entry *c = calloc(CHUNK, sizeof(struct entry));
+        if (!c)
+            return -1;
+        __atomic_store_n(slot, c, __ATOMIC_RELEASE);
+    }
+    char *copy = strdup(source);
+    if (!copy)
+        return -1;
+    struct entry *e = entry_of(p, number);
+    pthread_mutex_t *m = stripe_of(p, number);
+    pthread_mutex_lock(m);
+    char *old = e->source;
+    sfs_shard_t *victim = take_shard(p, e);
+    e->source = copy;
+    e->has_ident = has_ident != 0;
+    e->dev = dev;
+    e->ino = ino;
+    e->objects = objects;
+    e->extent = extent;
+    e->gen++;
+    e->state = 1;
+    pthread_mutex_unlock(m);
+    free(old);
+    sfs_close(victim);
+    if (number + 1 > __atomic_load_n(&p->top, __ATOMIC_RELAXED))
+        __atomic_store_n(&p->top, number + 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+void ll_pool_forget(ll_pool_t *p, uint32_t number)
+{
+    struct entry *e = entry_of(p, number);
+    if (!e)
+        return;
+    pthread_mutex_t *m = stripe_of(p, number);
+    pthread_mutex_lock(m);
+    char *old = e->source;
+    sfs_shard_t *victim = take_shard(p, e);
+    e->source = NULL;
+    e->gen++;
+    e->state = 0;
+    pthread_mutex_unlock(m);
+    free(old);
+    sfs_close(victim);
+}
+
+/* sfs_open under SFS_GUARDED (guard.h): a file that shrinks while its hash
+ * section is parsed gives SFS_EGONE, not SIGBUS (what that open had set
+ * up is then lost: a descriptor and a mapping, once). */
+static __attribute__((noinline)) int guarded_open(const char *source, sfs_shard_t **out, sfs_error_t *err)
+{
+    int rc = SFS_OK;
+    SFS_GUARDED(rc = SFS_EGONE, rc = sfs_open(source, 0, out, err));
+    return rc;
+}
+
+/* Whether the open shard s is the one registered: (dev, ino) when known,
+ * the object count and the extent. */
+static int matches(const sfs_shard_t *s, int has_ident, uint64_t dev, uint64_t ino, uint64_t objects,
+                   uint64_t extent)
+{
+    if (s->header.objects_count != objects || s->extent != extent)
+        return 0;
+    if (!has_ident)
+        return 1;
+    struct stat st;
+    return fstat(s->fd, &st) == 0 && (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino;
+}
+
+sfs_shard_t *ll_pool_get(ll_pool_t *p, uint32_t number, int *status)
+{
+    *status = SFS_ESTALE;
+    struct entry *e = entry_of(p, number);
+    if (!e)
+        return NULL;
+    pthread_mutex_t *m = stripe_of(p, number);
+    pthread_mutex_lock(m);
+    if (!e->state) {
+        pthread_mutex_unlock(m);
+        return NULL;
+    }
+    if (e->shard) {
+        sfs_shard_t *s = sfs_ref(e->shard);
+        pthread_mutex_unlock(m);
+        if (!__atomic_load_n(&e->used, __ATOMIC_RELAXED))
+            __atomic_store_n(&e->used, 1, __ATOMIC_RELAXED);
+        *status = SFS_OK;
+        return s;
+    }
+    char *source = strdup(e->source);
+    uint32_t gen = e->gen;
+    int has_ident = e->has_ident;
+    uint64_t dev = e->dev, ino = e->ino, objects = e->objects, extent = e->extent;
+    pthread_mutex_unlock(m);
+    if (!source) {
+        *status = SFS_ENOMEM;
+        return NULL;
+    }
+
+    __atomic_add_fetch(&p->open, 1, __ATOMIC_RELAXED); /* its room, made before it opens */
+    make_room(p);
+    sfs_shard_t *s = NULL, *spare = NULL, *out = NULL;
+    sfs_error_t err;
+    int rc = guarded_open(source, &s, &err);
+    free(source);
+    if (rc == SFS_OK && !matches(s, has_ident, dev, ino, objects, extent)) {
+        rc = SFS_ESTALE;
+        spare = s;
+    }
+    pthread_mutex_lock(m);
+    if (rc != SFS_OK) {
+        __atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+    } else if (e->gen != gen || !e->state) { /* forgotten or replaced meanwhile */
+        __atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+        spare = s;
+        rc = SFS_ESTALE;
+    } else if (e->shard) { /* another request opened it first */
+        __atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+        spare = s;
+        out = sfs_ref(e->shard);
+    } else {
+        __atomic_add_fetch(&p->mapped, s->map_size, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->shard, s, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->used, 1, __ATOMIC_RELAXED);
+        out = sfs_ref(s);
+    }
+    pthread_mutex_unlock(m);
+    sfs_close(spare);
+    if (rc == SFS_OK)
+        __atomic_add_fetch(&p->opens, 1, __ATOMIC_RELAXED);
+    *status = rc;
+    return out;
+}
+
+void ll_pool_stats(ll_pool_t *p, ll_pool_stats_t *out)
+{
+    out->open = __atomic_load_n(&p->open, __ATOMIC_RELAXED);
+    out->mapped = __atomic_load_n(&p->mapped, __ATOMIC_RELAXED);
+    out->opens = __atomic_load_n(&p->opens, __ATOMIC_RELAXED);
+    out->evictions = __atomic_load_n(&p->evictions, __ATOMIC_RELAXED);
+    out->bound = __atomic_load_n(&p->bound, __ATOMIC_RELAXED);
+    out->map_budget = __atomic_load_n(&p->map_budget, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,93 @@
+/*
+ * ll_pool.h — the shards a process opens on demand for the resolver, in C:
+ * a bounded pool, by shard number, of shards opened from their source
+ * when a request needs one that the snapshot (ll_snapshot.h) does not
+ * hold open, and closed, least recently used first (a clock), to stay
+ * within the pool's bound. No Python and no process-wide lock on the way:
+ * a present key in a shard not open costs an open, not a trip through the
+ * Python handlers and a new snapshot of the whole set.
+ *
+ * What the pool knows of a shard number it is told once, under the GIL
+ * (ll_pool_register, from shardfs.shardset.ShardSet as shards join the
+ * set; ll_pool_forget as they leave): its source (a path), and what the
+ * set validated when it joined — (device, inode) of the file, object
+ * count and extent in bytes. An open made here is checked against them
+ * and given up on any difference (a file replaced under its name, a shard
+ * grown): the caller then asks the handlers, which answer ESTALE or EIO
+ * and log why. A shard is validated once, when it joins the set; an open
+ * here costs sfs_open (an open, an fstat, two small preads of the header
+ * and the hash section's head, an mmap of the extent).
+ *
+ * Bound: at most `bound` shards open in the pool, and at most `map_budget`
+ * bytes mapped by them (the address space: a 100 GB shard maps 100 GB of
+ * it). Each request holds a reference of its own on the shard it reads, so
+ * a shard closed to make room stays open until its last request lets go
+ * (at most one per request thread beyond the bound).
+ *
+ * Thread safety: ll_pool_get from any number of threads at once; register
+ * and forget from one thread at a time (the GIL), at the same time as
+ * ll_pool_get. Each entry is guarded by one of LL_POOL_STRIPES mutexes,
+ * held for a few loads and stores only (never across an open or a close).
+ */
+#ifndef SHARDFS_LL_POOL_H
+#define SHARDFS_LL_POOL_H
+
+#include "shard.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#pragma GCC visibility push(hidden)
+
+typedef struct ll_pool ll_pool_t;
+
+/* Largest shard number the pool holds + 1 (the global index's bound:
+ * 24-bit shard positions). */
+#define LL_POOL_MAX_NUMBER (1u << 24)
+
+/* A new pool, empty, holding one reference; NULL when out of memory. */
+ll_pool_t *ll_pool_new(size_t bound, uint64_t map_budget);
+
+/* Another reference on `pool` (a snapshot holds one). */
+ll_pool_t *ll_pool_ref(ll_pool_t *pool);
+
+/* Let a reference go; the last closes every shard and frees the pool.
+ * NULL is accepted. */
+void ll_pool_unref(ll_pool_t *pool);
+
+/* Change the bounds; shards past them are closed now. */
+void ll_pool_set_bounds(ll_pool_t *pool, size_t bound, uint64_t map_budget);
+
+/* Shard `number` (< LL_POOL_MAX_NUMBER) is opened from `source` (a path,
+ * copied); has_ident: the file must be (dev, ino); its object count and
+ * extent (bytes) must be `objects` and `extent`. Replaces what the number
+ * was (closing a shard opened for it). 0, or -1 (out of memory, number out
+ * of range: nothing changed). */
+int ll_pool_register(ll_pool_t *pool, uint32_t number, const char *source, int has_ident, uint64_t dev,
+                     uint64_t ino, uint64_t objects, uint64_t extent);
+
+/* Shard `number` is no longer opened here; a shard open for it is closed
+ * (once its requests in flight let go). */
+void ll_pool_forget(ll_pool_t *pool, uint32_t number);
+
+/* Shard `number`, open: a new reference (sfs_close lets it go), opened now
+ * if it was not (closing others first to stay within the bounds). NULL when
+ * the number is not registered, or its open failed or did not match what
+ * was registered (*status: SFS_ESTALE for a mismatch, else sfs_open's). */
+sfs_shard_t *ll_pool_get(ll_pool_t *pool, uint32_t number, int *status);
+
+/* What the pool holds now: shards open, bytes they map, opens made since
+ * it was made, and closes to make room. */
+typedef struct {
+    size_t open;
+    uint64_t mapped;
+    uint64_t opens;
+    uint64_t evictions;
+    size_t bound;
+    uint64_t map_budget;
+} ll_pool_stats_t;
+void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
+
+#pragma GCC visibility pop
+
+#endif

@@ -15,10 +15,12 @@ totals read through `SharedState` must be every add of both.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import threading
 import types
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +109,64 @@ def test_counts_of_c_and_python_in_one_row_are_all_kept(counter):
     del stats
     words.release()
     state.close()
+
+
+def _members(shards) -> dict:
+    """What a worker's set knows of each shard, by number."""
+    return {n: (m.path, m.removed, m.sidecar_dir, m.live_count, m.objects_count, m.source)
+            for n, m in sorted(shards.shards.items())}
+
+
+def test_a_worker_that_applied_the_table_before_reads_only_the_change(tmp_path, monkeypatch):
+    """The coordinator's table (its own `Coordinator.table`) published
+    twice: a worker at the first reads, for the second, only the entries
+    added or changed and the numbers gone, and ends with the set a worker
+    that read the whole second table has; a worker further behind reads
+    the whole table."""
+    from mounting import build_shard, make_blobs
+    from shardfs.fuse import shared
+    from shardfs.fuse.coordinator import Coordinator
+    from shardfs.fuse.worker import apply_table
+    from shardfs.shardset import ShardSet
+
+    paths = []
+    for i in range(6):
+        paths.append(str(tmp_path / f"s{i}.shard"))
+        build_shard(Path(paths[-1]), make_blobs(40 + i, 5))
+    coordinator = ShardSet(cache_dir=str(tmp_path / "cache"))
+    members = [coordinator.add(p) for p in paths[:5]]
+    table = lambda: Coordinator.table(types.SimpleNamespace(shards=coordinator, catalog=None))  # noqa: E731
+    state = SharedState(1)
+    first = state.publish(table())
+    worker = ShardSet(cache_dir=str(tmp_path / "cache"))
+    seq, whole, change = state.read_change(-1)
+    assert (seq, change) == (first, False) and len(whole["shards"]) == 5
+    apply_table(worker, whole, os.getpid(), change=change)
+
+    added = coordinator.add(paths[5])
+    coordinator.discard(members[1])
+    members[2].live_count = 4  # as when its sidecar is read
+    second = state.publish(table())
+    seq, delta, change = state.read_change(first)
+    assert (seq, change) == (second, True)
+    assert sorted(e["number"] for e in delta["shards"]) == [members[2].number, added.number]
+    assert delta["gone"] == [members[1].number]
+    apply_table(worker, delta, os.getpid(), change=True)
+
+    fresh = ShardSet(cache_dir=str(tmp_path / "cache"))
+    seq, whole, change = state.read_change(first - 2)  # behind by more than one table
+    assert (seq, change) == (second, False) and len(whole["shards"]) == 5
+    apply_table(fresh, whole, os.getpid())
+    assert _members(worker) == _members(fresh) and len(_members(worker)) == 5
+    third = state.publish(table())  # nothing changed: an empty change
+    assert state.read_change(second)[1:] == ({"shards": [], "gone": []}, True) and third == second + 2
+
+    # A table that fits, with no room for its change beside it: read whole.
+    coordinator.discard(added)
+    size = len(json.dumps(table(), separators=(",", ":")))
+    monkeypatch.setattr(shared, "TABLE_BYTES", size + 10)
+    fourth = state.publish(table())
+    seq, whole, change = state.read_change(third)
+    assert (seq, change) == (fourth, False) and len(whole["shards"]) == 4
+    for shards in (coordinator, worker, fresh):
+        shards.close()

@@ -10,6 +10,11 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
   readable through open files, where their sidecars are. It is JSON, behind
   a sequence lock (the sequence is odd while the coordinator writes; a
   reader that saw it change retries), so a worker never acts on a torn copy.
+  Beside it, the **change** from the table before: the entries of shards
+  added or changed, the numbers of shards gone, and the table's other
+  parts. A worker that applied the table before reads the change alone
+  (`read_change`): with 100,000 shards, a sidecar built costs it one
+  entry, not a parse of the whole table.
 * A **row per worker position** (a replacement worker takes over the row of
   the one it replaces): requests served by kind (counted by the C request
   path of every thread of the worker, atomically), the shard set's lookups
@@ -60,10 +65,12 @@ TABLE_BYTES = 64 << 20
 RING_ENTRIES = 1 << 18
 RING_WORDS = 6
 
-_HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes
+_HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes, [2] change's length, [3] its base
 #: Word of the table's sequence number (even; odd while it is written).
 SEQ = 0
 _TABLE_LEN = 1
+_CHANGE_LEN = 2
+_CHANGE_BASE = 3
 ROW_WORDS = 64
 # Row layout: LOOKUPS..HASH_PROBES are the words the C request path
 # counts in (shardfs/c/ll_fast.c, atomically: lookups, index probes,
@@ -102,6 +109,9 @@ class SharedState:
         self.mm = mmap.mmap(-1, self._table + TABLE_BYTES)
         self.words = memoryview(self.mm)[: self._table].cast("q")
         self._last: Tuple[int, Any] = (-1, None)
+        #: A hash of each entry of the last table published, by number
+        #: (coordinator): what the next change leaves out.
+        self._published: Dict[int, int] = {}
 
     # ------------------------------------------------------------- table
 
@@ -111,18 +121,56 @@ class SharedState:
         return self.words[SEQ]
 
     def publish(self, table: Dict[str, Any]) -> int:
-        """Write a new table (coordinator only); returns its sequence
-        number. Raises ValueError when it does not fit TABLE_BYTES."""
-        data = json.dumps(table, separators=(",", ":")).encode()
+        """Write a new table (coordinator only), and its change from the
+        one before; returns its sequence number. `table["shards"]` is a
+        list of entries, each a dict with a "number". Raises ValueError
+        when the two do not fit TABLE_BYTES."""
+        texts = [json.dumps(entry, separators=(",", ":")) for entry in table["shards"]]
+        marks = {entry["number"]: hash(text) for entry, text in zip(table["shards"], texts)}
+        before = self._published
+        rest = json.dumps({key: value for key, value in table.items() if key != "shards"}, separators=(",", ":"))
+        tail = "}" if rest == "{}" else "," + rest[1:]
+        changed = [text for entry, text in zip(table["shards"], texts)
+                   if before.get(entry["number"]) != marks[entry["number"]]]
+        gone = [number for number in before if number not in marks]
+        data = ('{"shards":[' + ",".join(texts) + "]" + tail).encode()
+        delta = ('{"shards":[' + ",".join(changed) + '],"gone":' + json.dumps(gone) + tail).encode()
         if len(data) > TABLE_BYTES:
             raise ValueError(f"shard table of {len(data)} bytes does not fit {TABLE_BYTES}")
+        if len(data) + len(delta) > TABLE_BYTES:
+            delta = b""  # no room for the change beside the table: workers read the whole table
         words = self.words
         seq = words[SEQ]
         words[SEQ] = seq + 1  # odd: being written
         self.mm[self._table:self._table + len(data)] = data
+        self.mm[self._table + len(data):self._table + len(data) + len(delta)] = delta
         words[_TABLE_LEN] = len(data)
+        words[_CHANGE_LEN] = len(delta)
+        words[_CHANGE_BASE] = seq if seq > 0 and delta else -1  # none before the first table
         words[SEQ] = seq + 2
+        self._published = marks
         return seq + 2
+
+    def read_change(self, seen: int) -> Tuple[int, Dict[str, Any], bool]:
+        """(sequence, table or change, is_change) as last published, for a
+        reader that applied the table of sequence `seen`: the change alone
+        (its "shards": the entries added or changed, "gone": the numbers no
+        longer listed, and the table's other parts) when the table is the
+        one right after `seen`, else the whole table. Never a torn copy."""
+        words = self.words
+        while True:
+            seq = words[SEQ]
+            if seq & 1:
+                time.sleep(0.0001)
+                continue
+            if seen < 0 or words[_CHANGE_BASE] != seen:
+                full = self.read()
+                return full[0], full[1], False
+            start = self._table + words[_TABLE_LEN]
+            data = bytes(self.mm[start:start + words[_CHANGE_LEN]])
+            if words[SEQ] != seq:
+                continue
+            return seq, json.loads(data), True
 
     def read(self) -> Tuple[int, Dict[str, Any]]:
         """(sequence, table) as last published, never a torn copy."""

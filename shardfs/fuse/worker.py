@@ -146,14 +146,14 @@ class WorkerHooks(RequestHooks):
 
     def sync(self) -> None:
         """Make the shard set what the coordinator last published."""
-        seq, table = self.state.read()
-        apply_table(self.shards, table, self.coordinator)
+        seq, table, change = self.state.read_change(self.seen)
+        apply_table(self.shards, table, self.coordinator, change=change)
         if self.winery is not None:
             self.winery.update_from_table(table.get("winery", {}))
         self.seen = seq
 
 
-def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> None:
+def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int, change: bool = False) -> None:
     """Change `shards` to match a published shard table (see
     `shardfs.fuse.coordinator.Coordinator.table`): add the shards it serves
     or holds that `shards` lacks (described, not opened: they open when
@@ -162,7 +162,9 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
     it no longer lists. A shard the coordinator holds open (removed, with
     files open on it) is opened again through the coordinator's own
     descriptor, ``/proc/<coordinator>/fd/<n>``: the very file it served,
-    whatever its path names now."""
+    whatever its path names now. `change`: `table` is the change from the
+    table `shards` matches (`shardfs.fuse.shared.SharedState.read_change`:
+    the entries added or changed, and "gone", the numbers to forget)."""
     listed = set()
     for entry in table["shards"]:
         number = entry["number"]
@@ -189,8 +191,10 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int) -> No
                 shards.version += 1
             else:
                 shards.sidecar_built(member, entry["sidecar_dir"])
-    for member in list(shards.shards.values()):
-        if member.number not in listed:
+    gone = (shards.get(number) for number in table["gone"]) if change else \
+        (member for member in list(shards.shards.values()) if member.number not in listed)
+    for member in list(gone):
+        if member is not None:
             shards.discard(member)
     if "index" in table:
         shards.reload_index(table["index"])

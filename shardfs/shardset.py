@@ -48,7 +48,7 @@ from shardfs import rbd, s3
 from shardfs.shard import is_remote_source
 from shardfs import sidecar as sidecar_mod
 from shardfs import _shardfs
-from shardfs._shardfs import OpenShards, SidecarSet
+from shardfs._shardfs import OpenShards, SidecarSet, key_prefixes
 from shardfs.errors import RESOURCE_ERRORS, CorruptShardError, ShardError
 
 log = logging.getLogger("shardfs.fuse")
@@ -144,6 +144,10 @@ FD_RESERVE = 1024
 MAP_RESERVE = 4096
 #: Fewest shards a process keeps open, whatever the limits say.
 MIN_OPEN = 16
+#: Index slots whose keys `open_shard_set` indexes itself, as it opens the
+#: shards (8 bytes of memory each, 64 MiB at most); past them, the
+#: background builder indexes the rest.
+START_INDEX_SLOTS = 1 << 23
 #: Paths opened between two calls of `ShardSet.rescan`'s progress.
 PROGRESS_EVERY = 1000
 #: Seconds before an rbd: image that could not be opened (being written by
@@ -399,6 +403,11 @@ class ShardSet:
         self._resolver: Tuple[Any, Any] = (None, None)
         #: (version, `served()` then).
         self._served: Tuple[int, List[MountedShard]] = (-1, [])
+        #: While `open_shard_set` opens the shards: the (identity, key run)
+        #: of each shard added that the global index lacks, at most
+        #: START_INDEX_SLOTS slots in all (None otherwise).
+        self.start_runs: Optional[List[Tuple[bytes, bytes]]] = None
+        self._start_objects = 0
 
     # ------------------------------------------------------------ members
 
@@ -608,6 +617,11 @@ class ShardSet:
                 number += 1
         member = self._insert(MountedShard(number, path, ident, shard.header.objects_count,
                                            shard.slot_count, shard.extent, shard.mtime, identity=identity))
+        runs = self.start_runs
+        if runs is not None and not member.indexed and identity and \
+                self._start_objects + member.slot_count <= START_INDEX_SLOTS:
+            runs.append((identity, key_prefixes(shard)))  # while it is open (open_shard_set)
+            self._start_objects += member.slot_count
         self._keep_open(member, shard)
         if sidecar is not None:
             self.set_sidecar(member, sidecar, sidecar_dir or self.cache_dir)
@@ -951,6 +965,8 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
     shards = ShardSet(cache_dir=cache_dir, shard_dir=shard_dir)
     shards.pinned = list(dict.fromkeys(shard_paths))
     use_global_index(shards, shard_dir or "\n".join(shards.pinned))
+    if shards.index is not None and not os.environ.get("SHARDFS_TEST_NO_BUILDS"):
+        shards.start_runs = []  # (TEST ONLY variable: no index, sidecar or hash builds)
     try:
         for p in shard_paths:
             if p in shards.by_path:
@@ -961,10 +977,29 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
                 shards.rescan(progress)  # the directory's shards
             except OSError as exc:
                 raise ShardError(f"shard directory {shard_dir}: {exc.strerror or exc}") from None
+        _index_at_start(shards)
     except BaseException:
         shards.close()
         raise
     return shards
+
+
+def _index_at_start(shards: ShardSet) -> None:
+    """Write the key runs `add` took while it had the shards open as a new
+    level of the global index, so that the mount answers with every shard
+    indexed (else, until the background builder indexed them, each lookup
+    would ask every shard not indexed: 2 lookups/s with 100,000 new
+    shards). A failure is logged: the builder indexes them later."""
+    runs, shards.start_runs = shards.start_runs, None
+    if not runs:
+        return
+    served = [m.identity for m in shards.served() if m.identity]
+    try:
+        shards.index.add_shards(runs, served, prefixes=lambda run: run)
+    except Exception as exc:
+        log.warning("cannot build the global index in %s now: %s", shards.index.directory, exc)
+        return
+    shards.reload_index()
 
 
 def use_global_index(shards: ShardSet, scope: str) -> None:

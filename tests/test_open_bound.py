@@ -178,6 +178,48 @@ def test_a_shard_directory_opens_with_every_shard_indexed(small_shards, tmp_path
     assert levels[0] == levels[1]  # the second open wrote nothing
 
 
+def test_a_process_forked_while_lookups_open_shards_can_open_them(small_shards, tmp_path):
+    """A mount forks its workers from the coordinator, and the workers keep
+    its pool of shards: a fork while other threads open and close shards in
+    the pool (a pool of 4 for 300 shards: every lookup opens one) must leave
+    the child a pool it can use, never a lock another thread held."""
+    base, contents = small_shards
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os, sys, threading\n"
+        "from shardfs.shardset import ShardSet\n"
+        "from shardfs.gindex import IndexSet, index_dir\n"
+        f"shards = ShardSet(cache_dir={str(tmp_path / 'cache')!r}, max_open=20)\n"
+        f"shards.index = IndexSet(index_dir({str(tmp_path / 'cache')!r}, 'fork'))\n"
+        "shards.index.load()\n"
+        "keys = [bytes.fromhex(k) for k in sys.argv[2:]]\n"
+        "for p in sorted(os.listdir(sys.argv[1])):\n"
+        "    shards.add(os.path.join(sys.argv[1], p))\n"
+        "shards.index.add_shards(((m.identity, m.shard) for m in shards.served()), [m.identity for m in shards.served()])\n"
+        "shards.reload_index()\n"
+        "resolver = shards.resolver()\n"
+        "stop = False\n"
+        "def hammer():\n"
+        "    i = 0\n"
+        "    while not stop:\n"
+        "        assert resolver.find(keys[i % len(keys)])[0] == 0\n"
+        "        i += 7\n"
+        "threads = [threading.Thread(target=hammer) for _ in range(3)]\n"
+        "for t in threads: t.start()\n"
+        "for n in range(150):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        ok = all(resolver.find(k)[0] == 0 for k in keys[n % 50::50])\n"
+        "        os._exit(0 if ok else 1)\n"
+        "    assert os.waitpid(pid, 0)[1] == 0, n\n"
+        "stop = True\n"
+        "for t in threads: t.join()\n"
+        "print('ok', shards.pool.stats()['evictions'] > 0)\n")
+    keys = [k.hex() for name in sorted(contents) for k in contents[name]]
+    proc = run([sys.executable, str(script), str(base), *keys], check=False, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok True", proc.stdout + proc.stderr
+
+
 def test_set_never_holds_more_than_its_bound_even_for_a_moment(small_shards, tmp_path):
     """A shard is opened only once there is room for it: with descriptors
     for exactly `max_open` shards left, a set opens every shard in turn (an

@@ -200,7 +200,12 @@ void ll_ahead_push(struct ll_ahead *a, Session *s, ll_snapshot_t *snap, uint32_t
                    int64_t *stats)
 {
     int64_t mtime;
+    sfs_shard_t *held = NULL; /* opened by the snapshot's pool (ll_pool.h) */
     sfs_shard_t *shard = ll_snapshot_shard(snap, number, &mtime);
+    if (!shard && snap->pool && number < snap->nshards && snap->mtimes[number] >= 0) {
+        int status;
+        shard = held = ll_pool_get(snap->pool, number, &status);
+    }
     if (!shard)
         return;
     uint64_t count = sfs_slot_count(shard);
@@ -278,5 +283,6 @@ void ll_ahead_push(struct ll_ahead *a, Session *s, ll_snapshot_t *snap, uint32_t
             int refused = ll_push(s, shard, sfs_ll_object_ino(number, slots[i]), offs[i], sizes[i], sizes[i]) != 0;
             __atomic_fetch_add(&stats[refused ? LL_STAT_PUSH_REFUSED : LL_STAT_PUSHED], 1, __ATOMIC_RELAXED);
         }
+    sfs_close(held);
 }
 

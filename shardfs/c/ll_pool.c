@@ -29,6 +29,7 @@ struct entry {
 };
 
 struct ll_pool {
+    struct ll_pool *prev, *next; /* the process's pools (fork handlers) */
     int refs;
     pthread_mutex_t stripes[STRIPES];
     pthread_mutex_t evicting; /* one clock hand at a time */
@@ -52,8 +53,39 @@ static struct entry *entry_of(ll_pool_t *p, uint32_t number)
 
 static pthread_mutex_t *stripe_of(ll_pool_t *p, uint32_t number) { return &p->stripes[number % STRIPES]; }
 
+/* The pools of the process, so that a fork never copies a lock held by
+ * another thread (a mount forks its workers, which keep its pool): the
+ * prepare handler takes every pool's locks, in the order evict_one takes
+ * them, and both sides let them go after. */
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static ll_pool_t *pools;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&pools_lock);
+    for (ll_pool_t *p = pools; p; p = p->next) {
+        pthread_mutex_lock(&p->evicting);
+        for (int i = 0; i < STRIPES; i++)
+            pthread_mutex_lock(&p->stripes[i]);
+    }
+}
+
+static void fork_done(void)
+{
+    for (ll_pool_t *p = pools; p; p = p->next) {
+        for (int i = STRIPES - 1; i >= 0; i--)
+            pthread_mutex_unlock(&p->stripes[i]);
+        pthread_mutex_unlock(&p->evicting);
+    }
+    pthread_mutex_unlock(&pools_lock);
+}
+
+static void fork_handlers(void) { pthread_atfork(fork_prepare, fork_done, fork_done); }
+
 ll_pool_t *ll_pool_new(size_t bound, uint64_t map_budget)
 {
+    pthread_once(&fork_once, fork_handlers);
     ll_pool_t *p = calloc(1, sizeof(*p));
     if (!p)
         return NULL;
@@ -63,6 +95,12 @@ ll_pool_t *ll_pool_new(size_t bound, uint64_t map_budget)
     pthread_mutex_init(&p->evicting, NULL);
     p->bound = bound ? bound : 1;
     p->map_budget = map_budget;
+    pthread_mutex_lock(&pools_lock);
+    p->next = pools;
+    if (pools)
+        pools->prev = p;
+    pools = p;
+    pthread_mutex_unlock(&pools_lock);
     return p;
 }
 
@@ -89,6 +127,14 @@ void ll_pool_unref(ll_pool_t *p)
 {
     if (!p || __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
+    pthread_mutex_lock(&pools_lock);
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        pools = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    pthread_mutex_unlock(&pools_lock);
     for (size_t c = 0; c < NCHUNKS; c++) {
         struct entry *chunk = p->chunks[c];
         for (size_t i = 0; chunk && i < CHUNK; i++) {

@@ -333,7 +333,10 @@ class ShardSet:
     At most `max_open` shards (default `default_max_open()`) and as many
     sidecars are open at once, plus the shards with files open on them
     (`in_use`) and the sidecars of the shards filtered by their own
-    (`filters`: not in the global index).
+    (`filters`: not in the global index). The shards split between
+    `open_shards` (Python's: a quarter, at least 16) and `pool` (the C
+    resolver's: the rest, at least 1, so a bound under 17 is exceeded by
+    one shard the resolver opened).
     """
 
     def __init__(self, cache_dir: Optional[str] = None, shard_dir: Optional[str] = None,

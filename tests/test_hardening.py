@@ -262,28 +262,50 @@ def _leftovers(directory: Path, name: str) -> List[str]:
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_create_interrupted_leaves_nothing(tmp_path, source_tree, signum):
     """A create killed (kill -9), interrupted (Ctrl-C) or terminated half-way
-    leaves no shard and no temporary file, and the source is untouched."""
+    leaves no shard and no temporary file, and the source is untouched.
+    Half-way for sure: the create reads its file names from a pipe
+    (--files-from -), gets half of them, and is signalled once it has
+    written objects and waits for more (a create of the whole tree takes a
+    tenth of a second here: a signal sent after it started writing could
+    find it done)."""
     before = _tree(source_tree)
     out = tmp_path / "out"
     out.mkdir()
     target = out / "x.shard"
-    proc = subprocess.Popen(SHARDFS + ["create", str(target), str(source_tree)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Wait until the writer has started writing (its fd on the directory's
-    # file system), then interrupt it.
-    def writing() -> bool:
+    names = sorted(str(p) for p in source_tree.rglob("*") if p.is_file())
+    proc = subprocess.Popen(SHARDFS + ["create", str(target), "--files-from", "-"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write("".join(f"{n}\n" for n in names[: len(names) // 2]).encode())
+    proc.stdin.flush()
+
+    def written() -> int:
+        """Bytes of the shard being written (its file in `out`, unnamed)."""
         try:
-            return any(os.readlink(f"/proc/{proc.pid}/fd/{fd}").startswith(str(out))
-                       for fd in os.listdir(f"/proc/{proc.pid}/fd"))
+            for fd in os.listdir(f"/proc/{proc.pid}/fd"):
+                link = f"/proc/{proc.pid}/fd/{fd}"
+                if os.readlink(link).startswith(str(out)):
+                    return os.stat(link).st_size
         except OSError:
-            return False
-    assert wait_until(writing, timeout=30, interval=0.002), "the create never started writing"
-    # Freeze it mid-write so the signal lands half-way whatever the speed.
-    os.kill(proc.pid, signal.SIGSTOP)
+            pass
+        return 0
+
+    # Objects of the first half written, and no more coming: it waits for names.
+    assert wait_until(lambda: written() > 0, timeout=30), "the create never started writing"
+    size = -1
+    while size != written():
+        size = written()
+        time.sleep(0.2)
+    assert proc.poll() is None, "the create ended before the rest of its names"
     proc.send_signal(signum)
-    os.kill(proc.pid, signal.SIGCONT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0, "the create finished before the signal: make the source bigger"
+    try:
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    proc.wait(timeout=60)
+    err = proc.stderr.read().decode()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.returncode != 0, err
     if signum == signal.SIGINT:
         assert proc.returncode == 130 and err.strip() == "shardfs: interrupted", err
     assert list(out.iterdir()) == [], list(out.iterdir())

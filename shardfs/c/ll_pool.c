@@ -53,35 +53,31 @@ static struct entry *entry_of(ll_pool_t *p, uint32_t number)
 
 static pthread_mutex_t *stripe_of(ll_pool_t *p, uint32_t number) { return &p->stripes[number % STRIPES]; }
 
-/* The pools of the process, so that a fork never copies a lock held by
- * another thread (a mount forks its workers, which keep its pool): the
- * prepare handler takes every pool's locks, in the order evict_one takes
- * them, and both sides let them go after. */
+/* The pools of the process, so that a fork never leaves the child a lock
+ * another thread held (a mount forks its workers, which keep its pool):
+ * the child makes every pool's locks anew. What a thread was changing
+ * under one at that moment is at worst a count off by one shard (the
+ * critical sections are a few stores), never a dangling pointer: shards
+ * are closed, and sources freed, outside them. */
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static ll_pool_t *pools;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
-static void fork_prepare(void)
-{
-    pthread_mutex_lock(&pools_lock);
-    for (ll_pool_t *p = pools; p; p = p->next) {
-        pthread_mutex_lock(&p->evicting);
-        for (int i = 0; i < STRIPES; i++)
-            pthread_mutex_lock(&p->stripes[i]);
-    }
-}
+static void fork_prepare(void) { pthread_mutex_lock(&pools_lock); }
 
-static void fork_done(void)
+static void fork_parent(void) { pthread_mutex_unlock(&pools_lock); }
+
+static void fork_child(void)
 {
     for (ll_pool_t *p = pools; p; p = p->next) {
-        for (int i = STRIPES - 1; i >= 0; i--)
-            pthread_mutex_unlock(&p->stripes[i]);
-        pthread_mutex_unlock(&p->evicting);
+        for (int i = 0; i < STRIPES; i++)
+            pthread_mutex_init(&p->stripes[i], NULL);
+        pthread_mutex_init(&p->evicting, NULL);
     }
     pthread_mutex_unlock(&pools_lock);
 }
 
-static void fork_handlers(void) { pthread_atfork(fork_prepare, fork_done, fork_done); }
+static void fork_handlers(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
 ll_pool_t *ll_pool_new(size_t bound, uint64_t map_budget)
 {

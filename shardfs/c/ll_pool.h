@@ -28,9 +28,9 @@
  * and forget from one thread at a time (the GIL), at the same time as
  * ll_pool_get. Each entry is guarded by one of 64 mutexes, held for a
  * few loads and stores only (never across an open or a close). fork() is
- * safe at any time: handlers (pthread_atfork) take every pool's locks
- * around it, so a child (a mount's worker keeps its coordinator's pool)
- * never inherits a lock another thread held.
+ * safe at any time: the child (a mount's worker keeps its coordinator's
+ * pool) makes every pool's locks anew (pthread_atfork), so it never
+ * waits for a lock another thread of its parent held.
  */
 #ifndef SHARDFS_LL_POOL_H
 #define SHARDFS_LL_POOL_H

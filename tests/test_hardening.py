@@ -298,10 +298,13 @@ def test_create_interrupted_leaves_nothing(tmp_path, source_tree, signum):
     assert proc.poll() is None, "the create ended before the rest of its names"
     proc.send_signal(signum)
     try:
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    proc.wait(timeout=60)
+        proc.wait(timeout=60)  # stdin left open: the signal alone must end it
+    finally:
+        proc.kill()
+        try:
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
     err = proc.stderr.read().decode()
     proc.stdout.close()
     proc.stderr.close()

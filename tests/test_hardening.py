@@ -273,8 +273,12 @@ def test_create_interrupted_leaves_nothing(tmp_path, source_tree, signum):
     out.mkdir()
     target = out / "x.shard"
     names = sorted(str(p) for p in source_tree.rglob("*") if p.is_file())
+    # SIGINT as in a terminal's foreground job, whatever this runner was
+    # started with (a background job of a shell ignores it, and so would
+    # the create: Python keeps an ignored SIGINT ignored).
     proc = subprocess.Popen(SHARDFS + ["create", str(target), "--files-from", "-"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     proc.stdin.write("".join(f"{n}\n" for n in names[: len(names) // 2]).encode())
     proc.stdin.flush()
 

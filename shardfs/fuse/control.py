@@ -38,7 +38,6 @@ neither believed nor told which keys were taken down.
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
 import platform
@@ -202,19 +201,14 @@ def tell_takedown(shard_path: str, keys: Iterable[bytes], timeout: float = TIMEO
 
 def _dead(point: str, timeout: float = 1.0) -> bool:
     """True when the mount at `point` has lost its server (its processes
-    died: the kernel answers ENOTCONN, "Transport endpoint is not
-    connected"), so it serves nothing. The probe runs in a daemon thread so
-    that a mount whose server is alive but stuck cannot hang the caller: it
-    counts as not dead after `timeout` seconds."""
+    died: `shardfs.fuse.mount.is_stale`), so it serves nothing. The probe
+    runs in a daemon thread so that a mount whose server is alive but stuck
+    cannot hang the caller: it counts as not dead after `timeout` seconds."""
+    from shardfs.fuse.mount import is_stale
+
     found: List[bool] = []
-
-    def probe() -> None:
-        try:
-            os.statvfs(point)
-        except OSError as exc:
-            found.append(exc.errno == errno.ENOTCONN)
-
-    thread = threading.Thread(target=probe, name="shardfs-mount-probe", daemon=True)
+    thread = threading.Thread(target=lambda: found.append(is_stale(point)), name="shardfs-mount-probe",
+                              daemon=True)
     thread.start()
     thread.join(timeout)
     return bool(found and found[0])

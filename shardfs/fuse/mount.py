@@ -121,7 +121,7 @@ def _canonical(path: str) -> str:
     return os.path.join(os.path.realpath(parent), name)
 
 
-def _is_stale(path: str) -> bool:
+def is_stale(path: str) -> bool:
     """True when `path` is a FUSE mount whose process is gone.
 
     statvfs always reaches the filesystem (a stat may be answered from the
@@ -147,7 +147,7 @@ def check_mountpoint(mountpoint: str) -> str:
     path = _canonical(mountpoint)
     entry = mount_entry(path)
     if entry is not None:
-        if _is_stale(path):
+        if is_stale(path):
             if entry["fstype"] != FSTYPE:
                 raise _shard_error(
                     f"mount point {mountpoint} holds a stale {entry['fstype']} mount "
@@ -896,9 +896,9 @@ def umount(mountpoint: str) -> int:
         raise _shard_error(f"{mountpoint} is not a mount point")
     if entry["fstype"] not in (FSTYPE, "?"):
         raise _shard_error(f"{mountpoint} is not a shardfs mount (it is {entry['fstype']})")
-    stale = _is_stale(path)
+    stale = is_stale(path)
     ok, message = _run_unmount(path, lazy=False)
-    if not ok and (stale or _is_stale(path)):
+    if not ok and (stale or is_stale(path)):
         ok, message = _run_unmount(path, lazy=True)
     if not ok:
         raise _shard_error(f"cannot unmount {mountpoint}: {message}")

@@ -58,6 +58,48 @@ def index_dir(cache_dir: str, scope: str) -> str:
     return os.path.join(cache_dir, f"index-{digest}")
 
 
+def lock_directory(directory: str) -> int:
+    """Create `directory` (mode 0700) if needed and take its ``LOCK``
+    (flock, exclusive, waiting): the descriptor to close to let go."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def write_manifest(directory: str, content: Dict[str, object]) -> None:
+    """Replace `directory`'s ``MANIFEST`` by `content` (JSON): written to a
+    temporary name, fsync'ed, renamed, the directory fsync'ed. OSError."""
+    path = os.path.join(directory, MANIFEST)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(content, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def sweep_directory(directory: str, keep: Iterable[str]) -> None:
+    """Remove the files of `directory` but `keep`, ``MANIFEST`` and
+    ``LOCK`` (left by a crash, or replaced by a merge); best effort."""
+    keep = set(keep) | {MANIFEST, LOCK}
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for name in entries:
+        if name not in keep:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
 class Level:
     """One open level: its file `name`, the `GlobalIndex`, the position
     of each identity in its shard table, and `numbers` (shard position ->
@@ -183,42 +225,16 @@ class IndexSet:
     # ---------------------------------------------------------- building
 
     def _lock(self) -> int:
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        fd = os.open(os.path.join(self.directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return fd
+        return lock_directory(self.directory)
 
     def _new_name(self) -> str:
         return f"level-{uuid.uuid4().hex[:16]}.gidx"
 
     def _write_manifest(self, names: List[str]) -> None:
-        path = os.path.join(self.directory, MANIFEST)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump({"version": 1, "levels": names}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-        dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_manifest(self.directory, {"version": 1, "levels": names})
 
     def _sweep(self, keep: Iterable[str]) -> None:
-        """Remove files of the directory no manifest names (left by a
-        crash, or replaced by a merge)."""
-        keep = set(keep) | {MANIFEST, LOCK}
-        try:
-            entries = os.listdir(self.directory)
-        except OSError:
-            return
-        for name in entries:
-            if name not in keep:
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                except OSError:
-                    pass
+        sweep_directory(self.directory, keep)
 
     def add_shards(self, shards: Sequence[Tuple[bytes, object]], served: Iterable[bytes],
                    prefixes: Callable[[object], bytes] = key_prefixes) -> List[str]:

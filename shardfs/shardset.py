@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from shardfs import Shard, normalize_key
 from shardfs import rbd, s3
 from shardfs.shard import is_remote_source
+from shardfs import lookups as lookups_mod
 from shardfs import sidecar as sidecar_mod
 from shardfs import _shardfs
 from shardfs._shardfs import OpenShards, SidecarSet, key_prefixes
@@ -117,6 +118,9 @@ class MountedShard:
     #: image this is; None otherwise. Not its number: an image moved to
     #: another pool is served as a new shard number, the same winery shard.
     winery_shard: Optional[int] = None
+    #: Where its lookup record is (`shardfs.lookups`: pack name, byte
+    #: offset) when the pool answers its lookups without opening it.
+    record: Optional[Tuple[str, int]] = None
     owner: Optional["ShardSet"] = field(default=None, repr=False)
 
     @property
@@ -395,6 +399,10 @@ class ShardSet:
         #: the mount keeps one: an indexed shard is found through it, the
         #: others through their own filters.
         self.index = None
+        #: The lookup records (`shardfs.lookups.LookupSet`) of the shards,
+        #: when the mount keeps them: the pool answers a recorded shard's
+        #: lookups without opening it.
+        self.records = None
         #: Objects found by sha1 and sha1_git (`shardfs.hashes.HashSet`),
         #: when the set is asked to (a mount's ``-o hashes=``).
         self.hashes = None
@@ -654,11 +662,42 @@ class ShardSet:
             self.mark_indexed(member)
         if self.hashes is not None:
             self.hashes.attach(member)
-        if member.source is None and not member.removed and not is_remote_source(member.path):
-            self.pool.register(member.number, member.path, tuple(member.ident[:2]), member.objects_count,
-                               member.extent)
+        self._register(member)
         self.version += 1
         return member
+
+    def _register(self, member: MountedShard) -> None:
+        """Tell the pool where `member` opens, and its lookup record when
+        `lookups` has one standing for it as it is."""
+        if member.source is not None or member.removed or is_remote_source(member.path):
+            return
+        found = self.records.record(member) if self.records is not None else None
+        if found is not None and found[:2] == member.record:
+            return  # registered with that record already
+        kwargs = {}
+        if found is not None:
+            kwargs = dict(pack=found[1], record=found[2], stamp=lookups_mod.stamp(member), slots=member.slot_count)
+        used = self.pool.register(member.number, member.path, tuple(member.ident[:2]), member.objects_count,
+                                  member.extent, **kwargs)
+        member.record = (found[0], found[2]) if found is not None and used else None
+
+    def reload_records(self, names: Optional[List[str]] = None) -> None:
+        """Use the lookup packs `names` (default: the manifest's), and give
+        the pool the records of the served shards that have none there."""
+        if self.records is None:
+            return
+        self.records.load(names)
+        packs = set(self.records.names())
+        for member in self.served():
+            if member.record is None or member.record[0] not in packs:
+                self._register(member)
+
+    def needs_record(self) -> List[MountedShard]:
+        """Served shards of a local file the pool has no lookup record of."""
+        if self.records is None:
+            return []
+        return [m for m in self.served() if m.record is None and m.identity and m.source is None
+                and not is_remote_source(m.path)]
 
     def remove(self, member: MountedShard) -> None:
         """Stop serving `member`: lookups, listings and new opens no longer
@@ -669,6 +708,7 @@ class ShardSet:
         self.version += 1
         self.open_table.set(member.number, None)
         self.pool.forget(member.number)
+        member.record = None
         self.filters.remove(member.number)
         if self.index is not None:
             self.index.detach(member.number)
@@ -1012,6 +1052,7 @@ def use_global_index(shards: ShardSet, scope: str) -> None:
     cache directory cannot be used: logged), every shard is found through
     its own filter."""
     from shardfs.gindex import IndexSet, index_dir
+    from shardfs.lookups import LookupSet, lookup_dir
 
     try:
         index = IndexSet(index_dir(shards.cache_dir, scope))
@@ -1020,3 +1061,10 @@ def use_global_index(shards: ShardSet, scope: str) -> None:
         log.warning("global index unavailable (%s): lookups ask every shard's filter", exc)
         return
     shards.index = index
+    try:
+        lookups = LookupSet(lookup_dir(shards.cache_dir, scope))
+        lookups.load()
+    except Exception as exc:  # a cache too
+        log.warning("lookup records unavailable (%s): lookups open the shards", exc)
+        return
+    shards.records = lookups

@@ -482,3 +482,45 @@ def test_progress_lines_keep_a_slow_start_alive(monkeypatch):
         child.kill()
         os.close(rfd)
         os.close(wfd)
+
+
+@needs_fuse
+def test_lookups_of_shards_not_open_are_answered_from_their_records(small_shards, mounter, tmp_path):
+    """Once the builder wrote the lookup records, a mount whose processes
+    may each open BOUND of the SHARDS shards stats every present name, and
+    answers every absent one, without opening a shard (the pool's opens
+    do not move), reads open them, and a takedown told by `shardfs
+    delete` is gone from the records at once."""
+    _, contents = small_shards
+    shard_dir, point = _mount_limited(small_shards, mounter, tmp_path, dict(os.environ, SHARDFS_WORKERS="1"))
+    assert wait_until(lambda: (_stats(point)["records"] or {}).get("recorded_shards") == SHARDS, timeout=60), \
+        _stats(point)
+    before = _stats(point)["pool"]
+    names = sorted(contents)
+    for name in names:
+        for key, data in contents[name].items():
+            assert os.stat(point / key.hex()).st_size == len(data)
+    for i in range(200):
+        with pytest.raises(FileNotFoundError):
+            os.stat(point / sha(b"absent %d" % i).hex())
+    after = _stats(point)["pool"]
+    assert after["opens"] == before["opens"], (before, after)
+    for pid in worker_pids(point):
+        assert _open_shard_files(pid, shard_dir) <= BOUND
+    # Reads open the shard: every byte is right.
+    for name in names[::7]:
+        for key, data in contents[name].items():
+            assert (point / key.hex()).read_bytes() == data
+    assert _stats(point)["pool"]["opens"] > after["opens"]
+
+    # A takedown: gone for names the kernel did not cache, and for those it did.
+    victim = names[100]
+    gone, kept = list(contents[victim])[:2], list(contents[victim])[2:]
+    os.stat(point / gone[0].hex())
+    r = run(SHARDFS + ["delete", "--yes", str(shard_dir / victim)] + [k.hex() for k in gone])
+    assert r.returncode == 0, r.stderr
+    for key in gone:
+        assert not (point / key.hex()).exists()
+    for key in kept:
+        assert (point / key.hex()).read_bytes() == contents[victim][key]
+    assert run(SHARDFS + ["umount", str(point)]).returncode == 0

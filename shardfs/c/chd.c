@@ -269,3 +269,14 @@ int sfs_chd_parse(sfs_chd_t *c, const uint8_t *buf, uint64_t len, char *why, siz
         return -1;
     return 0;
 }
+
+int sfs_chd_parse_trusted(sfs_chd_t *c, const uint8_t *buf, uint64_t len)
+{
+    char why[8];
+    uint64_t cs_len;
+    memset(c, 0, sizeof(*c));
+    if (parse_frame(c, buf, len, &cs_len, why, sizeof(why)) < 0 ||
+        parse_sequence(c, buf + 31, cs_len, why, sizeof(why)) < 0)
+        return -1;
+    return 0;
+}

@@ -59,6 +59,13 @@ uint64_t sfs_chd_dump_size(const uint8_t *buf, uint64_t avail);
  * writes a reason into why (no allocation, no read outside buf). */
 int sfs_chd_parse(sfs_chd_t *chd, const uint8_t *buf, uint64_t len, char *why, size_t why_size);
 
+/* Parse the dump in buf[0..len) without the O(buckets) check of its
+ * displacement codes (check_codes): O(1), for a dump parsed in full once
+ * already (a shardfs lookup pack's copy, lookup_pack.h). Every query stays
+ * inside buf whatever the codes hold; a wrong code gives a wrong slot or
+ * SFS_CHD_FAIL. 0, or -1 when the frame or sequence lengths are wrong. */
+int sfs_chd_parse_trusted(sfs_chd_t *chd, const uint8_t *buf, uint64_t len);
+
 /* Slot of a key in [0, n), or SFS_CHD_FAIL if the structure proves
  * inconsistent for this query (impossible after a successful parse). */
 uint32_t sfs_chd_search(const sfs_chd_t *chd, const uint8_t *key, uint32_t keylen);

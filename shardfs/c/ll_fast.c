@@ -165,7 +165,7 @@ int ll_fast_lookup(Session *s, fuse_req_t req, fuse_ino_t parent, const char *na
     int replied = res == LL_FOUND || res == LL_ABSENT;
     struct fuse_entry_param e;
     if (replied) {
-        if (res == LL_FOUND) /* the READ that follows asks for up to 128 KiB of it: start it now */
+        if (res == LL_FOUND && found.shard) /* the READ that follows asks for up to 128 KiB of it: start it now */
             sfs_prefetch(found.shard, found.offset, found.size < LL_PREFETCH_BYTES ? found.size : LL_PREFETCH_BYTES);
         fast_entry(s, res == LL_FOUND ? &found : NULL, &e);
         count_lookup(s->fast, &found);
@@ -200,7 +200,7 @@ int ll_fast_getattr(Session *s, fuse_req_t req, fuse_ino_t ino)
     if (sfs_ll_split_dir(&snap->layout, ino, &prefix) >= 0) {
         ll_fill_attr(s, &st, ino, 1, 0, snap->dir_time_ns);
     } else {
-        res = ll_resolve_inode(snap, ino, 0, &found);
+        res = ll_resolve_inode(snap, ino, LL_INODE_ATTR, &found);
         if (res == LL_FOUND)
             ll_fill_attr(s, &st, ino, 0, found.size, found.mtime_ns);
         ll_found_release(&found);
@@ -230,7 +230,7 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     if (!snap)
         return 0;
     ll_found_t found;
-    enum ll_resolution res = ll_resolve_inode(snap, ino, 1, &found);
+    enum ll_resolution res = ll_resolve_inode(snap, ino, LL_INODE_READ, &found);
     size_t n = 0, len = 0;
     char *buf = NULL;
     int rc = SFS_OK, remote = 0;
@@ -288,7 +288,7 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
      * again from the cluster; its READ, if its pages are not cached, takes
      * the read the LOOKUP started (rbd.h). */
     found.held = NULL;
-    int stored = snap && ll_resolve_inode(snap, ino, 0, &found) == LL_FOUND &&
+    int stored = snap && ll_resolve_inode(snap, ino, LL_INODE_BYTES, &found) == LL_FOUND &&
                          !(sfs_kind_flags(found.shard) & SFS_KIND_REMOTE)
                      ? ll_push(s, found.shard, ino, found.offset, found.size, found.size < want ? found.size : want)
                      : -1;

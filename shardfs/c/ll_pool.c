@@ -4,6 +4,7 @@
 #include "ll_pool.h"
 #include "guard.h"
 #include "kind.h"
+#include "lookup_pack.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,6 +27,8 @@ struct entry {
     uint8_t has_ident;
     uint8_t used;      /* the clock's mark: read since the hand last passed */
     sfs_shard_t *shard; /* open here, the pool's reference, or NULL */
+    sfs_lookup_pack_t *pack; /* where its lookups are answered without it (a reference), or NULL */
+    uint64_t record;         /* its record's byte offset in `pack` */
 };
 
 struct ll_pool {
@@ -135,6 +138,7 @@ void ll_pool_unref(ll_pool_t *p)
         struct entry *chunk = p->chunks[c];
         for (size_t i = 0; chunk && i < CHUNK; i++) {
             sfs_close(chunk[i].shard);
+            sfs_lookup_pack_close(chunk[i].pack);
             free(chunk[i].source);
         }
         free(chunk);
@@ -196,7 +200,7 @@ void ll_pool_set_bounds(ll_pool_t *p, size_t bound, uint64_t map_budget)
 }
 
 int ll_pool_register(ll_pool_t *p, uint32_t number, const char *source, int has_ident, uint64_t dev,
-                     uint64_t ino, uint64_t objects, uint64_t extent)
+                     uint64_t ino, uint64_t objects, uint64_t extent, sfs_lookup_pack_t *pack, uint64_t record)
 {
     if (number >= LL_POOL_MAX_NUMBER)
         return -1;
@@ -212,9 +216,14 @@ int ll_pool_register(ll_pool_t *p, uint32_t number, const char *source, int has_
         return -1;
     struct entry *e = entry_of(p, number);
     pthread_mutex_t *m = stripe_of(p, number);
+    if (pack)
+        sfs_lookup_pack_ref(pack);
     pthread_mutex_lock(m);
     char *old = e->source;
+    sfs_lookup_pack_t *old_pack = e->pack;
     sfs_shard_t *victim = take_shard(p, e);
+    e->pack = pack;
+    e->record = record;
     e->source = copy;
     e->has_ident = has_ident != 0;
     e->dev = dev;
@@ -225,6 +234,7 @@ int ll_pool_register(ll_pool_t *p, uint32_t number, const char *source, int has_
     e->state = 1;
     pthread_mutex_unlock(m);
     free(old);
+    sfs_lookup_pack_close(old_pack);
     sfs_close(victim);
     if (number + 1 > __atomic_load_n(&p->top, __ATOMIC_RELAXED))
         __atomic_store_n(&p->top, number + 1, __ATOMIC_RELEASE);
@@ -239,12 +249,15 @@ void ll_pool_forget(ll_pool_t *p, uint32_t number)
     pthread_mutex_t *m = stripe_of(p, number);
     pthread_mutex_lock(m);
     char *old = e->source;
+    sfs_lookup_pack_t *old_pack = e->pack;
     sfs_shard_t *victim = take_shard(p, e);
     e->source = NULL;
+    e->pack = NULL;
     e->gen++;
     e->state = 0;
     pthread_mutex_unlock(m);
     free(old);
+    sfs_lookup_pack_close(old_pack);
     sfs_close(victim);
 }
 
@@ -334,6 +347,55 @@ sfs_shard_t *ll_pool_get(ll_pool_t *p, uint32_t number, int *status)
         __atomic_add_fetch(&p->opens, 1, __ATOMIC_RELAXED);
     *status = rc;
     return out;
+}
+
+/* The record of shard `number`: its pack (a new reference) and offset, or
+ * NULL. */
+static sfs_lookup_pack_t *record_of(ll_pool_t *p, uint32_t number, uint64_t *record)
+{
+    struct entry *e = entry_of(p, number);
+    if (!e || !__atomic_load_n(&e->pack, __ATOMIC_RELAXED))
+        return NULL;
+    pthread_mutex_t *m = stripe_of(p, number);
+    pthread_mutex_lock(m);
+    sfs_lookup_pack_t *pack = e->state && e->pack ? sfs_lookup_pack_ref(e->pack) : NULL;
+    *record = e->record;
+    pthread_mutex_unlock(m);
+    return pack;
+}
+
+static int find_in(const sfs_lookup_pack_t *pack, uint64_t record, const uint8_t *key, uint64_t slot,
+                   uint32_t *slot_out, uint64_t *offset, uint64_t *size)
+{
+    sfs_lookup_record_t r;
+    int rc = sfs_lookup_pack_view(pack, record, &r);
+    if (rc != SFS_OK)
+        return rc;
+    if (!key)
+        return sfs_lookup_record_slot(&r, slot, offset, size);
+    return sfs_lookup_record_find(&r, key, slot_out, offset, size);
+}
+
+/* find_in under SFS_GUARDED: a pack that shrank gives SFS_EGONE (its
+ * reference is then lost, once), not SIGBUS. */
+static __attribute__((noinline)) int guarded_find(const sfs_lookup_pack_t *pack, uint64_t record, const uint8_t *key,
+                                                  uint64_t slot, uint32_t *slot_out, uint64_t *offset, uint64_t *size)
+{
+    int rc = SFS_OK;
+    SFS_GUARDED(rc = SFS_EGONE, rc = find_in(pack, record, key, slot, slot_out, offset, size));
+    return rc;
+}
+
+int ll_pool_find(ll_pool_t *p, uint32_t number, const uint8_t *key, uint64_t slot, uint32_t *slot_out,
+                 uint64_t *offset, uint64_t *size)
+{
+    uint64_t record;
+    sfs_lookup_pack_t *pack = record_of(p, number, &record);
+    if (!pack)
+        return LL_POOL_NO_RECORD;
+    int rc = guarded_find(pack, record, key, slot, slot_out, offset, size);
+    sfs_lookup_pack_close(pack);
+    return rc == SFS_OK || rc == SFS_ENOTFOUND ? rc : LL_POOL_NO_RECORD;
 }
 
 void ll_pool_stats(ll_pool_t *p, ll_pool_stats_t *out)

@@ -35,6 +35,7 @@
 #ifndef SHARDFS_LL_POOL_H
 #define SHARDFS_LL_POOL_H
 
+#include "lookup_pack.h"
 #include "shard.h"
 
 #include <stddef.h>
@@ -63,11 +64,26 @@ void ll_pool_set_bounds(ll_pool_t *pool, size_t bound, uint64_t map_budget);
 
 /* Shard `number` (< LL_POOL_MAX_NUMBER) is opened from `source` (a path,
  * copied); has_ident: the file must be (dev, ino); its object count and
- * extent (bytes) must be `objects` and `extent`. Replaces what the number
- * was (closing a shard opened for it). 0, or -1 (out of memory, number out
- * of range: nothing changed). */
+ * extent (bytes) must be `objects` and `extent`. `pack` (or NULL): its
+ * lookups are answered from the record at byte `record` of that pack
+ * (lookup_pack.h; checked by the caller: sfs_lookup_pack_attach), without
+ * opening it (the pool takes a reference). Replaces what the number was
+ * (closing a shard opened for it). 0, or -1 (out of memory, number out of
+ * range: nothing changed). */
 int ll_pool_register(ll_pool_t *pool, uint32_t number, const char *source, int has_ident, uint64_t dev,
-                     uint64_t ino, uint64_t objects, uint64_t extent);
+                     uint64_t ino, uint64_t objects, uint64_t extent, sfs_lookup_pack_t *pack, uint64_t record);
+
+/* What ll_pool_find answers for a shard whose lookups have no record. */
+#define LL_POOL_NO_RECORD 1
+
+/* Without opening shard `number`, from its record: the object of `key`
+ * (32 bytes), or, key NULL, of `slot`. SFS_OK with its slot (key given),
+ * the byte offset of its first byte in the shard and its size in bytes;
+ * SFS_ENOTFOUND (absent, deleted, an empty slot); LL_POOL_NO_RECORD (no
+ * record, or one that cannot be read: open the shard). No system call; a
+ * stripe lock for a few loads. */
+int ll_pool_find(ll_pool_t *pool, uint32_t number, const uint8_t *key, uint64_t slot, uint32_t *slot_out,
+                 uint64_t *offset, uint64_t *size);
 
 /* Shard `number` is no longer opened here; a shard open for it is closed
  * (once its requests in flight let go). */

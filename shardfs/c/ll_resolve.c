@@ -143,7 +143,25 @@ static enum ll_resolution probe(ll_snapshot_t *snap, numbers_t *c, const uint8_t
         if (number >= below)
             break;
         int64_t mtime;
-        sfs_shard_t *shard = shard_of(snap, number, &mtime, f);
+        sfs_shard_t *shard = ll_snapshot_shard(snap, number, &mtime);
+        if (!shard && kind < 0 && snap->pool && number < snap->nshards && snap->mtimes[number] >= 0) {
+            /* not open here: its record answers, when the pool has one */
+            int rc = ll_pool_find(snap->pool, number, key, 0, &f->slot, &f->offset, &f->size);
+            if (rc != LL_POOL_NO_RECORD) {
+                if (f->probed < LL_PROBED_MAX)
+                    f->probed_numbers[f->probed] = number;
+                f->probed++;
+                if (rc != SFS_OK)
+                    continue;
+                f->number = number;
+                f->shard = NULL;
+                f->mtime_ns = snap->mtimes[number];
+                f->ino = sfs_ll_object_ino(number, f->slot);
+                return LL_FOUND;
+            }
+        }
+        if (!shard)
+            shard = shard_of(snap, number, &mtime, f);
         if (!shard) {
             if (number < snap->nshards && snap->mtimes[number] >= 0) {
                 f->number = number; /* served, not open here */
@@ -247,7 +265,7 @@ enum ll_resolution ll_resolve_digest(ll_snapshot_t *snap, int kind, const uint8_
     return resolve(snap, key, kind, start, UINT64_MAX, f);
 }
 
-enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int for_read, ll_found_t *f)
+enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int how, ll_found_t *f)
 {
     memset(f, 0, sizeof(*f));
     uint32_t number, slot;
@@ -257,10 +275,20 @@ enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int for_r
     f->slot = slot;
     f->ino = ino;
     int64_t state = number < snap->nshards ? snap->mtimes[number] : LL_UNKNOWN;
-    if (state == LL_UNKNOWN || (state == LL_REMOVED && !for_read))
+    if (state == LL_UNKNOWN || (state == LL_REMOVED && how != LL_INODE_READ))
         return LL_STALE;
     int64_t mtime;
-    sfs_shard_t *shard = state >= 0 ? shard_of(snap, number, &mtime, f) : snap->shards[number];
+    sfs_shard_t *shard = ll_snapshot_shard(snap, number, &mtime);
+    if (!shard && how == LL_INODE_ATTR && state >= 0 && snap->pool) {
+        /* not open here: its record answers, when the pool has one */
+        int rc = ll_pool_find(snap->pool, number, NULL, slot, NULL, &f->offset, &f->size);
+        if (rc != LL_POOL_NO_RECORD) {
+            f->mtime_ns = state;
+            return rc == SFS_OK ? LL_FOUND : LL_ABSENT;
+        }
+    }
+    if (!shard)
+        shard = state >= 0 ? shard_of(snap, number, &mtime, f) : snap->shards[number];
     if (!shard)
         return LL_NEED_OPEN;
     f->shard = shard;

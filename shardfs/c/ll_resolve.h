@@ -21,6 +21,11 @@
  * by another hash is hashed again before it is answered (sfs_hash_find).
  * Inodes: (shard number + 1) << 32 | slot; the slot is read at every
  * resolution, so a takedown is seen at once.
+ *
+ * A candidate the snapshot does not hold open is asked through its lookup
+ * record (lookup_pack.h), when the pool has one: names, keys and
+ * attributes are then answered without the shard (found.shard NULL); only
+ * a read opens it.
  */
 #ifndef SHARDFS_LL_RESOLVE_H
 #define SHARDFS_LL_RESOLVE_H
@@ -51,7 +56,8 @@ typedef struct {
     int64_t mtime_ns;     /* its shard's mtime */
     int status;           /* LL_FAILED: the SFS_* status */
     sfs_shard_t *shard;   /* LL_FOUND: its shard, valid while the snapshot is held and
-                           * until ll_found_release */
+                           * until ll_found_release; NULL when a lookup record answered
+                           * (names, keys, LL_INODE_ATTR: the shard is not open here) */
     sfs_shard_t *held;    /* a shard the snapshot's pool opened for this answer (a reference) */
     size_t probed;        /* shard indexes (or hash indexes) asked */
     int by_hash;          /* found by sha1 or sha1_git: probed counts hash index probes */
@@ -94,12 +100,19 @@ enum ll_resolution ll_resolve_key(ll_snapshot_t *snap, const uint8_t key[SFS_KEY
 enum ll_resolution ll_resolve_digest(ll_snapshot_t *snap, int kind, const uint8_t digest[SFS_LL_DIGEST_SIZE],
                                      uint64_t start, ll_found_t *found);
 
-/* The object inode `ino` names, its slot read now. LL_FOUND, LL_ABSENT
- * (an empty or deleted slot, past the index), LL_STALE (its shard is not
- * served: removed, replaced or never known; `for_read`: a removed shard
- * still open here is read, for files opened before its removal), LL_NEED_OPEN,
+/* What ll_resolve_inode is asked for. */
+enum {
+    LL_INODE_ATTR = 0,  /* size and mtime: from the shard's lookup record when it is not open (found.shard NULL) */
+    LL_INODE_READ = 1,  /* its bytes: found.shard set; a removed shard still open here is read, for files
+                         * opened before its removal */
+    LL_INODE_BYTES = 2, /* its bytes, its shard served (found.shard set) */
+};
+
+/* The object inode `ino` names, its slot read now, for `how` (LL_INODE_*).
+ * LL_FOUND, LL_ABSENT (an empty or deleted slot, past the index), LL_STALE
+ * (its shard is not served: removed, replaced or never known), LL_NEED_OPEN,
  * LL_FAILED, LL_NOT_OBJECT (a directory or database inode). */
-enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int for_read, ll_found_t *found);
+enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int how, ll_found_t *found);
 
 /* Bytes [offset, offset + n) of the object `found` (LL_FOUND), into buf:
  * SFS_OK, or the status of sfs_read (SFS_EIO, SFS_EGONE: the file shrank). */

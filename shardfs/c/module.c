@@ -287,7 +287,8 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyType_Ready(&GlobalIndexType) < 0 || PyType_Ready(&OpenShardsType) < 0 ||
         PyType_Ready(&SessionType) < 0 || PyType_Ready(&DirBufferType) < 0 ||
         PyType_Ready(&HashIndexType) < 0 || PyType_Ready(&ResolverType) < 0 ||
-        PyType_Ready(&MosaicType) < 0 || PyType_Ready(&ShardPoolType) < 0)
+        PyType_Ready(&MosaicType) < 0 || PyType_Ready(&ShardPoolType) < 0 ||
+        PyType_Ready(&LookupPackType) < 0 || PyType_Ready(&LookupPackWriterType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
@@ -303,6 +304,8 @@ PyMODINIT_FUNC PyInit__shardfs(void)
     Py_INCREF(&ResolverType);
     Py_INCREF(&MosaicType);
     Py_INCREF(&ShardPoolType);
+    Py_INCREF(&LookupPackType);
+    Py_INCREF(&LookupPackWriterType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
         PyModule_AddObject(m, "Writer", (PyObject *)&WriterType) < 0 ||
         PyModule_AddObject(m, "Sidecar", (PyObject *)&SidecarType) < 0 ||
@@ -315,6 +318,8 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddObject(m, "Resolver", (PyObject *)&ResolverType) < 0 ||
         PyModule_AddObject(m, "Mosaic", (PyObject *)&MosaicType) < 0 ||
         PyModule_AddObject(m, "ShardPool", (PyObject *)&ShardPoolType) < 0 ||
+        PyModule_AddObject(m, "LookupPack", (PyObject *)&LookupPackType) < 0 ||
+        PyModule_AddObject(m, "LookupPackWriter", (PyObject *)&LookupPackWriterType) < 0 ||
         PyModule_AddObject(m, "REQUEST_KINDS", names_tuple(ll_kind_names, LL_KINDS)) < 0 ||
         PyModule_AddObject(m, "STAT_WORDS", names_tuple(ll_stat_names, LL_STATS)) < 0 ||
         PyModule_AddIntConstant(m, "SHARD_REMOVED", LL_REMOVED) < 0 ||

@@ -240,9 +240,7 @@ PyTypeObject GlobalIndexType = {
     .tp_getset = GlobalIndex_getset,
 };
 
-/* The Reader of `obj`: a Reader, or an object whose `_reader` is one
- * (shardfs.Shard). New reference, or NULL with TypeError. */
-static Reader *reader_of(PyObject *obj)
+Reader *reader_of(PyObject *obj)
 {
     if (PyObject_TypeCheck(obj, &ReaderType)) {
         Py_INCREF(obj);

@@ -50,7 +50,8 @@ static inline void table_changed(void)
 }
 
 extern PyTypeObject ReaderType, WriterType, SidecarType, SidecarSetType, GlobalIndexType,
-    OpenShardsType, HashIndexType, ResolverType, MosaicType, ShardPoolType;
+    OpenShardsType, HashIndexType, ResolverType, MosaicType, ShardPoolType, LookupPackType,
+    LookupPackWriterType;
 
 /* ShardPool (py_resolve.c): a pool of shards the resolver opens on demand
  * (ll_pool.h). */
@@ -58,6 +59,13 @@ typedef struct {
     PyObject_HEAD
     struct ll_pool *pool;
 } ShardPool;
+
+/* LookupPack (py_lookup_pack.c): an open pack of lookup records
+ * (lookup_pack.h). */
+typedef struct {
+    PyObject_HEAD
+    struct sfs_lookup_pack *pack;
+} LookupPack;
 
 /* ---------------------------------------------------------------- errors (module.c) */
 
@@ -150,6 +158,10 @@ static inline void reader_unhold(Reader *self)
         self->shard = NULL;
     }
 }
+
+/* The Reader of `obj`: a Reader, or an object whose `_reader` is one
+ * (shardfs.Shard). New reference, or NULL with TypeError (py_gindex.c). */
+Reader *reader_of(PyObject *obj);
 
 static inline int reader_ready(Reader *self)
 {

@@ -22,6 +22,7 @@
  * The GIL is released while shards are read (they may wait for the device).
  */
 #include "ll_resolve.h"
+#include "lookup_pack.h"
 
 typedef struct {
     PyObject_HEAD
@@ -116,7 +117,7 @@ static PyObject *ask(Resolver *self, const struct question *q)
     switch (q->what) {
     case Q_NAME:
         res = ll_resolve_name(snap, q->a, q->bytes, q->b, &f);
-        if (res == LL_FOUND) /* the READ that follows asks for its first 128 KiB */
+        if (res == LL_FOUND && f.shard) /* the READ that follows asks for its first 128 KiB */
             sfs_prefetch(f.shard, f.offset, f.size < LL_PREFETCH_BYTES ? f.size : LL_PREFETCH_BYTES);
         break;
     case Q_KEY:
@@ -216,7 +217,7 @@ static PyObject *Resolver_read(Resolver *self, PyObject *args)
     ll_found_t f;
     enum ll_resolution res;
     Py_BEGIN_ALLOW_THREADS
-    res = ll_resolve_inode(snap, ino, 1, &f);
+    res = ll_resolve_inode(snap, ino, LL_INODE_READ, &f);
     Py_END_ALLOW_THREADS
     PyObject *r = NULL;
     if (res != LL_FOUND) {
@@ -311,27 +312,46 @@ static int pool_ready(ShardPool *self)
     return 0;
 }
 
-/* register(number, source, ident, objects, extent): ident None or (dev, ino). */
-static PyObject *ShardPool_register(ShardPool *self, PyObject *args)
+/* register(number, source, ident, objects, extent, pack=None, record=0,
+ * stamp=b"", slots=0) -> whether the pack's record is used: ident None or
+ * (dev, ino). */
+static PyObject *ShardPool_register(ShardPool *self, PyObject *args, PyObject *kwds)
 {
-    unsigned long long number, objects, extent, dev = 0, ino = 0;
-    PyObject *source, *ident;
-    if (!pool_ready(self) || !PyArg_ParseTuple(args, "KO&OKK:register", &number, PyUnicode_FSConverter, &source,
-                                               &ident, &objects, &extent))
+    static char *kwlist[] = {"number", "source", "ident", "objects", "extent", "pack", "record", "stamp", "slots",
+                             NULL};
+    unsigned long long number, objects, extent, dev = 0, ino = 0, record = 0, slots = 0;
+    PyObject *source, *ident, *pack_obj = Py_None;
+    const char *stamp = "";
+    Py_ssize_t stamp_len = 0;
+    if (!pool_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "KO&OKK|OKy#K:register", kwlist, &number, PyUnicode_FSConverter,
+                                     &source, &ident, &objects, &extent, &pack_obj, &record, &stamp, &stamp_len,
+                                     &slots))
         return NULL;
     int has_ident = ident != Py_None;
-    if ((has_ident && !PyArg_ParseTuple(ident, "KK:ident", &dev, &ino)) || number >= LL_POOL_MAX_NUMBER) {
+    if ((has_ident && !PyArg_ParseTuple(ident, "KK:ident", &dev, &ino)) || number >= LL_POOL_MAX_NUMBER ||
+        (pack_obj != Py_None && (!PyObject_TypeCheck(pack_obj, &LookupPackType) ||
+                                 !((LookupPack *)pack_obj)->pack || stamp_len != SFS_LOOKUP_STAMP_SIZE))) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "register: shard number out of range");
+            PyErr_SetString(PyExc_ValueError, "register: shard number out of range, or not an open LookupPack "
+                                              "and a 32-byte stamp");
         Py_DECREF(source);
         return NULL;
     }
+    sfs_lookup_pack_t *pack = pack_obj != Py_None ? ((LookupPack *)pack_obj)->pack : NULL;
+    if (pack) {
+        sfs_lookup_record_t r;
+        int rc;
+        SFS_GUARDED(rc = SFS_EGONE, rc = sfs_lookup_pack_attach(pack, record, (const uint8_t *)stamp, slots, &r));
+        if (rc != SFS_OK)
+            pack = NULL; /* made for another state of the shard, or damaged: the shard is opened instead */
+    }
     int rc = ll_pool_register(self->pool, (uint32_t)number, PyBytes_AS_STRING(source), has_ident, dev, ino,
-                              objects, extent);
+                              objects, extent, pack, record);
     Py_DECREF(source);
     if (rc < 0)
         return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return PyBool_FromLong(pack != NULL);
 }
 
 static PyObject *ShardPool_forget(ShardPool *self, PyObject *args)
@@ -360,9 +380,12 @@ static PyObject *ShardPool_stats(ShardPool *self, PyObject *unused)
 }
 
 static PyMethodDef ShardPool_methods[] = {
-    {"register", (PyCFunction)ShardPool_register, METH_VARARGS,
-     "register(number, source, ident, objects, extent): shard `number` is opened from the path `source`; "
-     "ident None or (st_dev, st_ino) the file must have; its object count and extent (bytes) must match"},
+    {"register", (PyCFunction)(void (*)(void))ShardPool_register, METH_VARARGS | METH_KEYWORDS,
+     "register(number, source, ident, objects, extent, pack=None, record=0, stamp=b'', slots=0) -> bool: shard "
+     "`number` is opened from the path `source`; ident None or (st_dev, st_ino) the file must have; its object "
+     "count and extent (bytes) must match. `pack` (a LookupPack): its lookups are answered from the record at "
+     "byte `record` without opening it, when that record was made for `stamp` (32 bytes) and `slots`; returns "
+     "whether the record is used"},
     {"forget", (PyCFunction)ShardPool_forget, METH_VARARGS,
      "forget(number): shard `number` is no longer opened here (closed once its requests let go)"},
     {"stats", (PyCFunction)ShardPool_stats, METH_NOARGS,

@@ -120,6 +120,8 @@ CHECK_POSITIONS = 1 << 20
 #: Inodes invalidated in a row before the loop's other tasks get a turn
 #: (the takedown listener, signals), when a check finds many deleted.
 INVALIDATE_BATCH = 1024
+#: Most shards whose lookup records the builder writes into one pack.
+RECORD_BATCH_SHARDS = 16384
 #: Most shards, and objects, the global index builder indexes in one level
 #: (see `index_batches`).
 INDEX_BATCH_SHARDS = 4096
@@ -157,6 +159,14 @@ def index_batches(members: Sequence[MountedShard]) -> "Iterator[List[MountedShar
         objects += member.objects_count
     if batch:
         yield batch
+
+
+def record_batches(members: Sequence[MountedShard]) -> "Iterator[List[MountedShard]]":
+    """`members` in batches for the lookup record builder, one pack each:
+    at most RECORD_BATCH_SHARDS shards, so that the first records serve
+    early and a mount of 100,000 shards writes a handful of packs."""
+    for start in range(0, len(members), RECORD_BATCH_SHARDS):
+        yield list(members[start:start + RECORD_BATCH_SHARDS])
 
 
 def _closing(fd: int) -> None:
@@ -235,6 +245,8 @@ class Coordinator:
         self._index_failed = False
         #: Shard numbers a builder was asked to index.
         self._index_tried: Set[int] = set()
+        #: Shard numbers a builder was asked to write lookup records of.
+        self._record_tried: Set[int] = set()
         #: Shards given to a builder to add to the hash levels (once each).
         self._hash_level_tried: Set[int] = set()
         #: The shard set's version when the builder last found nothing to do.
@@ -600,6 +612,9 @@ class Coordinator:
             except (OSError, ValueError):
                 continue
         invalidated = 0
+        if members and self.shards.records is not None:
+            for member in members:  # before the kernel forgets: its next lookup must not find them
+                self.shards.records.delete(member, keys=keys)
         if members:
             for key in keys:
                 name = key.hex().encode("ascii")
@@ -836,6 +851,8 @@ class Coordinator:
         known = self._deleted.setdefault(member.number, set())
         found = [slot for slot in deleted if slot not in known]
         known.update(found)
+        if self.shards.records is not None:
+            self.shards.records.delete(member, slots=deleted)
         log.debug("%s: checked for takedowns in %.3f s: %d slot(s) listed, %d deleted, %d not known before",
                   member.path, time.monotonic() - started, count, len(deleted), len(found))
         for done, slot in enumerate(found, 1):
@@ -979,6 +996,8 @@ class Coordinator:
             table["hash_levels"] = self.shards.hashes.level_names()
         if self.shards.index is not None:
             table["index"] = self.shards.index.names()
+        if self.shards.records is not None:
+            table["records"] = self.shards.records.names()
         if self.catalog is not None:
             table["winery"] = self.catalog.table()
         return table
@@ -1074,7 +1093,8 @@ class Coordinator:
             asked = {m.number for n in hashes.names for m in hashes.unlevelled(n)} if hashes.levels else set()
             unlevelled = [m for m in self.shards.served() if m.number in asked and m.number not in self._hash_level_tried]
             unlevelled = list({m.number: m for m in unlevelled + unhashed}.values())
-        if not todo and not unindexed and not unhashed and not unlevelled:
+        unrecorded = [m for m in self.shards.needs_record() if m.number not in self._record_tried]
+        if not todo and not unindexed and not unhashed and not unlevelled and not unrecorded:
             self._idle_at = self.shards.version  # nothing to do until the set changes
             return
         directory = self.shards.sidecar_dir
@@ -1098,6 +1118,17 @@ class Coordinator:
                         word = b"index_failed"
                     os.write(w, b"%s %d\n" % (word, len(batch)))
                     if word == b"index_failed":
+                        break
+                records = self.shards.records
+                for batch in record_batches(unrecorded):
+                    word = b"records"
+                    try:  # opened one at a time, as their records are written
+                        records.add_shards(((m, m.shard) for m in batch), self.shards.served())
+                    except Exception as exc:
+                        log.warning("cannot write lookup records in %s: %s", records.directory, exc)
+                        word = b"records_failed"
+                    os.write(w, b"%s %d\n" % (word, len(batch)))
+                    if word == b"records_failed":
                         break
                 for member in todo:
                     word = "failed"
@@ -1129,6 +1160,7 @@ class Coordinator:
         # Each shard is indexed once per mount: one the index fails to
         # hold stays on its own filter rather than forking builds forever.
         self._index_tried.update(m.number for m in unindexed)
+        self._record_tried.update(m.number for m in unrecorded)
         self._hash_level_tried.update(m.number for m in unlevelled)
         os.set_blocking(r, False)
         self._builder = {"pid": pid, "fd": r, "directory": directory, "todo": todo,
@@ -1167,6 +1199,10 @@ class Coordinator:
                     if word == b"hash_failed" or not self.shards.hashes.scan([member]):
                         member.hashes_failed = True  # not tried again in this mount
                     self._publish_later()
+                continue
+            if word in (b"records", b"records_failed"):
+                self.shards.reload_records()
+                published = True
                 continue
             if word in (b"index", b"index_failed"):
                 if word == b"index_failed":

@@ -198,6 +198,8 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int, chang
             shards.discard(member)
     if "index" in table:
         shards.reload_index(table["index"])
+    if "records" in table:
+        shards.reload_records(table["records"])
     if shards.hashes is not None and "hashing" in table:
         shards.hashes.progress = tuple(table["hashing"])
         shards.hashes.reload(table["hash_levels"])

@@ -1,0 +1,210 @@
+"""Lookup records: what a lookup needs of each shard, kept in the cache
+directory, so that a mount answers LOOKUP and GETATTR of a shard it does
+not hold open (docs/scale.md).
+
+A *record* (``shardfs/c/lookup_pack.h``) holds one Read Shard's perfect
+hash, its index and each slot's object size: 48 bytes per slot and the
+hash's few bytes per key. Records are written many to a *pack* (one file,
+one descriptor and one mapping per process, whatever the number of
+shards), by the mount's background builder after the global index; the C
+resolver's pool (``shardfs/c/ll_pool.h``) is told each served shard's
+record and answers from it without opening the shard. Only a READ opens
+the shard.
+
+A record stands for a shard in one state: it carries a *stamp* (`stamp`),
+a digest of the shard's identity and of what the mount saw of its file
+when it joined (device, inode, counts, extent, mtime). A shard written
+since (a takedown made while no mount ran) has another mtime, hence
+another stamp, and its record is not used until a new one is built. A
+takedown seen by a running mount empties the slot in the pack itself
+(`LookupSet.delete`), which every process mapping it sees at once.
+
+`LookupSet` keeps the packs of one mount source in
+``<cache_dir>/lookup-<scope digest>/``: a ``MANIFEST`` (JSON, replaced by
+rename, under a ``LOCK``) lists them; files it does not name are removed
+when packs are written. Past `MAX_PACKS` packs, the records of the shards
+still served are copied into one (their shards are not read again).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import uuid
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from shardfs._shardfs import LookupPack, LookupPackWriter
+from shardfs.gindex import MANIFEST, lock_directory, sweep_directory, write_manifest
+
+log = logging.getLogger("shardfs.fuse")
+
+#: More packs than this are merged into one at the next write.
+MAX_PACKS = 8
+
+
+def lookup_dir(cache_dir: str, scope: str) -> str:
+    """The pack directory of mount source `scope` under `cache_dir`."""
+    digest = hashlib.sha256(scope.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return os.path.join(cache_dir, f"lookup-{digest}")
+
+
+def stamp(member) -> bytes:
+    """The 32-byte stamp of a `shardfs.shardset.MountedShard` as it
+    joined the set: SHA-256 of its identity, (st_dev, st_ino), object and
+    slot counts, extent (bytes) and mtime (seconds, as a float's repr)."""
+    text = "%s %d %d %d %d %d %r" % (member.identity.hex(), member.ident[0], member.ident[1],
+                                      member.objects_count, member.slot_count, member.extent, member.mtime)
+    return hashlib.sha256(text.encode()).digest()
+
+
+class LookupSet:
+    """The packs of one directory, open (mapped), newest last.
+
+    Not thread-safe; one per process (a worker follows its coordinator's
+    through `load(names)`)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.packs: List[Tuple[str, LookupPack]] = []
+
+    def names(self) -> List[str]:
+        return [name for name, _ in self.packs]
+
+    def read_manifest(self) -> List[str]:
+        """Pack names the manifest lists ([] when none or unreadable:
+        logged)."""
+        path = os.path.join(self.directory, MANIFEST)
+        try:
+            with open(path, "rb") as f:
+                names = [str(n) for n in json.loads(f.read())["packs"]]
+            if any("/" in n or n.startswith(".") for n in names):
+                raise ValueError("bad pack name")
+            return names
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: unreadable lookup manifest (%s): records are built again", path, exc)
+            return []
+
+    def load(self, names: Optional[Sequence[str]] = None) -> bool:
+        """Use the packs `names` (default: the manifest's); True when they
+        changed. A pack that cannot be opened is logged and left out (its
+        shards are opened for their lookups until records are built
+        again)."""
+        names = list(self.read_manifest() if names is None else names)
+        if names == self.names():
+            return False
+        old = dict(self.packs)
+        packs = []
+        for name in names:
+            pack = old.pop(name, None)
+            if pack is None:
+                try:
+                    pack = LookupPack(os.path.join(self.directory, name))
+                except Exception as exc:
+                    log.warning("%s: cannot open lookup pack %s (%s): left out", self.directory, name, exc)
+                    continue
+            packs.append((name, pack))
+        for pack in old.values():
+            pack.close()  # pools holding it keep it
+        self.packs = packs
+        return True
+
+    def close(self) -> None:
+        for _, pack in self.packs:
+            pack.close()
+        self.packs = []
+
+    def record(self, member) -> Optional[Tuple[str, LookupPack, int]]:
+        """The record standing for `member` (a MountedShard) as it is now:
+        (pack name, pack, byte offset), the newest pack's first; None when
+        no pack has one made for its stamp."""
+        if not member.identity:
+            return None
+        want = stamp(member)
+        for name, pack in reversed(self.packs):
+            at = pack.record(member.identity)
+            if at >= 0 and pack.check(at, want, member.slot_count) is None:
+                return name, pack, at
+        return None
+
+    def delete(self, member, slots: Iterable[int] = (), keys: Iterable[bytes] = ()) -> None:
+        """Empty in `member`'s records (every pack holding one) the
+        `slots` found deleted in its index, and the slots of `keys` (32
+        bytes each) where the record holds them (a takedown): every process
+        mapping the pack sees it at once. Errors are logged."""
+        slots, keys = list(slots), list(keys)
+        for name, pack in self.packs:
+            at = pack.record(member.identity) if member.identity else -1
+            if at < 0:
+                continue
+            try:
+                for key in keys:
+                    found = pack.find(at, key)
+                    if found is not None:
+                        pack.delete(at, found[0])
+                for slot in slots:
+                    pack.delete(at, slot)
+            except Exception as exc:
+                log.warning("%s: cannot record a takedown in lookup pack %s: %s", member.path, name, exc)
+
+    # ---------------------------------------------------------- building
+
+    def add_shards(self, members: Sequence[Tuple[object, object]], served: Iterable[object] = ()) -> List[str]:
+        """Write the records of `members` ((MountedShard, open Shard)
+        pairs) that lack one as a new pack. Past MAX_PACKS packs, the
+        records of the `served` members (MountedShards) held by the newer
+        packs (all of them, unless the oldest holds more records than the
+        others together) are copied into the new pack first, and those
+        packs dropped. Writes the manifest; returns the pack names. A shard
+        whose record cannot be made (a kind without a Read Shard index, an
+        inconsistent index) is logged and left out. Raises OSError
+        (ENOSPC...) with the manifest unchanged."""
+        fd = lock_directory(self.directory)
+        try:
+            self.load(self.read_manifest())
+            names = self.names()
+            merged: List[str] = []
+            if len(names) >= MAX_PACKS:
+                counts = [pack.count for _, pack in self.packs]
+                merged = names[1:] if counts[0] > sum(counts[1:]) else names
+            name = f"pack-{uuid.uuid4().hex[:16]}.lkp"
+            writer = LookupPackWriter(os.path.join(self.directory, name))
+            written = 0
+            try:
+                copied = set()
+                for member in served if merged else ():
+                    found = self.record(member)
+                    if found is not None and found[0] in merged and member.identity not in copied:
+                        writer.copy(found[1], found[2], member.identity)
+                        copied.add(member.identity)
+                        written += 1
+                for member, shard in members:
+                    if not member.identity or member.identity in copied or self.record(member) is not None:
+                        continue
+                    try:
+                        writer.add(shard, member.identity, stamp(member))
+                        written += 1
+                    except OSError as exc:
+                        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                            raise  # the cache cannot take it: the caller says so
+                        log.warning("%s: no lookup record (%s): its lookups open it", member.path, exc)
+                    except Exception as exc:
+                        log.warning("%s: no lookup record (%s): its lookups open it", member.path, exc)
+                if not written:
+                    writer.abort()
+                    return names
+                writer.commit()
+            except BaseException:
+                writer.abort()
+                raise
+            names = [n for n in names if n not in merged] + [name]
+            write_manifest(self.directory, {"version": 1, "packs": names})
+            sweep_directory(self.directory, names)
+            self.load(names)
+            return names
+        finally:
+            os.close(fd)

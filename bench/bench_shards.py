@@ -287,11 +287,12 @@ class Mounts:
                 sampler.join()
             st = t.xattr("stats") or {}
             res.add("start cold", str(n), secs, r, sidecars_after=t_sc, indexed_after=t_idx,
-                    served=st.get("shards"), index=st.get("index"))
+                    records_after=t.records_after, served=st.get("shards"), index=st.get("index"))
             res.add("memory peak while building", str(n), peak.get("RssAnon"), r, **peak)
             objects = st.get("objects") or 1
             res.add("index bytes/object", str(n), dir_bytes(cache, lambda r_, f: "/index-" in r_) / objects, r)
             res.add("sidecar bytes/object", str(n), dir_bytes(cache, lambda r_, f: f.endswith(".sidecar")) / objects, r)
+            res.add("record bytes/object", str(n), dir_bytes(cache, lambda r_, f: "/lookup-" in r_) / objects, r)
         finally:
             t.umount()
         if n not in self.caches:
@@ -303,7 +304,7 @@ class Mounts:
             secs, mem = self.start(t), largest(t)
             res.add("memory after warm mount", str(n), mem.get("RssAnon"), r, **mem)
             _, t_idx = t.wait_ready()
-            res.add("start warm", str(n), secs, r, indexed_after=t_idx)
+            res.add("start warm", str(n), secs, r, indexed_after=t_idx, records_after=t.records_after)
         finally:
             if keep and h.mounted(t.path):
                 self.up[n] = t
@@ -445,14 +446,16 @@ def report(res, ns, big: int, objects: int) -> None:
                 sum(x["wrong"] for m in ("build index", "build filters") for x in runs(m, n))] for n in ns],
               f"Python sets: shards added, then indexed (IndexSet.add_shards) or every sidecar built; wrong: "
               f"of {CHECK:,} present keys (size checked) and {CHECK:,} absent ones")
-    res.table(["shards", "cold s", "sidecars ready after s", "index complete after s", "warm s",
-               "warm: index complete after s", "index B/object", "sidecar B/object"],
+    res.table(["shards", "cold s", "sidecars ready after s", "index complete after s", "records complete after s",
+               "warm s", "warm: index complete after s", "warm: records complete after s", "index B/object",
+               "sidecar B/object", "record B/object"],
               [[f"{n:,}", v("start cold", n, digits=3), v("start cold", n, "sidecars_after", 2),
-                v("start cold", n, "indexed_after", 2), v("start warm", n, digits=3),
-                v("start warm", n, "indexed_after", 2), v("index bytes/object", n, digits=2),
-                v("sidecar bytes/object", n, digits=2)] for n in ns],
+                v("start cold", n, "indexed_after", 2), v("start cold", n, "records_after", 2),
+                v("start warm", n, digits=3), v("start warm", n, "indexed_after", 2),
+                v("start warm", n, "records_after", 2), v("index bytes/object", n, digits=2),
+                v("sidecar bytes/object", n, digits=2), v("record bytes/object", n, digits=2)] for n in ns],
               f"Mount start: `shardfs mount` until it returns (`shardfs --version` alone: "
-              f"{v('shardfs --version', 'cli', digits=3)} s), then until sidecars and index cover every shard")
+              f"{v('shardfs --version', 'cli', digits=3)} s), then until sidecars, index and lookup records cover every shard")
     phases = [m for m in dict.fromkeys(x["measure"] for x in res.runs) if m.startswith(("memory", "RssAnon"))]
     res.table(["shards", "when", "RssAnon", "VmRSS", "RssFile", "VmHWM", "reads/s"],
               [[f"{n:,}", m.removeprefix("memory "), v(m, n, digits=2), *(v(m, n, k, 1) for k in ("VmRSS", "RssFile",
@@ -525,7 +528,8 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the mounts inherit it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unmount on the way out
     ns = sorted({1, *(map(int, args.shards.split(",")) if args.shards else plan["shards"])})
-    res = h.Results("shards_pythonpath" if args.pythonpath else "shards",
+    name = "shards" if ns == sorted({1, *plan["shards"]}) else f"shards_{max(ns)}"
+    res = h.Results(f"{name}_pythonpath" if args.pythonpath else name,
                     f"Many shards: {plan['objects']:,} objects as " + ", ".join(f"{n:,}" for n in ns) + " shards"
                     + (f" (shardfs of {args.pythonpath})" if args.pythonpath else ""), args.quick, sys.argv[1:])
     res.rounds = args.rounds
@@ -542,7 +546,7 @@ def main() -> None:
     finally:
         if not any(h.mounted(f"{WORK}/mnt{n}") for n in ns):
             shutil.rmtree(WORK, ignore_errors=True)
-    report(res, ns, max(n for n in ns if n <= 10_000), ds.count)
+    report(res, ns, max(ns), ds.count)
     res.write()
 
 

@@ -498,20 +498,25 @@ class Target:
             return None
 
     def wait_ready(self, timeout: float = 600) -> Tuple[Optional[float], Optional[float]]:
-        """Poll the stats xattr until every served shard has its sidecar and
-        the global index covers them all (so that no figure includes their
-        builds): (seconds until the sidecars, until the index), each None on
-        timeout; the index's None also when the mount has none."""
+        """Poll the stats xattr until every served shard has its sidecar, the
+        global index covers them all and the lookup records too, where the
+        mount keeps them (so that no figure includes their builds):
+        (seconds until the sidecars, until the index), each None on
+        timeout; the index's None also when the mount has none. The
+        seconds until the records are in `records_after` (None likewise)."""
         t0 = time.monotonic()
-        t_sc = t_idx = None
+        t_sc = t_idx = self.records_after = None
         while self.kind == "shardfs" and time.monotonic() < t0 + timeout:
             st, now = self.xattr("stats") or {}, time.monotonic() - t0
-            served, idx = st.get("shards") or 0, st.get("index")
+            served, idx, rec = st.get("shards") or 0, st.get("index"), st.get("records")
             if t_sc is None and served and st.get("sidecars") == served:
                 t_sc = now
             if t_idx is None and idx and served and idx.get("indexed_shards") == served:
                 t_idx = now
-            if t_sc is not None and (t_idx is not None or idx is None):
+            if self.records_after is None and rec and served and rec.get("recorded_shards") == served:
+                self.records_after = now
+            if t_sc is not None and (t_idx is not None or idx is None) and \
+                    (self.records_after is not None or rec is None):
                 break
             time.sleep(0.05)
         return t_sc, t_idx

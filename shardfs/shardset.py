@@ -739,6 +739,10 @@ class ShardSet:
             member.held = member.filter = None
         if self.hashes is not None:
             self.hashes.close()
+        for cache in (self.index, self.records):
+            if cache is not None:
+                cache.close()
+        self._resolver = (None, None)  # its snapshot holds the shards it probed open
         for number in self.shards:
             self.pool.forget(number)
         self.open_table.clear()

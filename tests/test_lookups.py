@@ -51,8 +51,9 @@ def _open(shard_dir, tmp_path, build=True):
 def _close_python_opens(shards):
     """Nothing open in Python (its resolver's table included): lookups go
     to the pool, through the records or opening shards."""
-    for number in list(shards.open_shards.items):
+    for number, shard in list(shards.open_shards.items.items()):
         shards.open_table.set(number, None)
+        shard.close()
     shards.open_shards.clear()
 
 

@@ -66,13 +66,41 @@ int ll_push(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64
     if (n == 0)
         return -1;
     char *buf = malloc((size_t)n);
-    int stored = buf && g_read(shard, off, buf, (size_t)n) == SFS_OK ? ll_store(s, shard, ino, off, size, buf, 0, n) : -1;
+    int stored = buf && g_read(shard, off, buf, (size_t)n) == SFS_OK ? ll_store(s, shard, NULL, ino, off, size, buf, 0, n)
+                                                                      : -1;
     free(buf);
     return stored;
 }
 
-int ll_store(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t size, const char *bytes,
-             uint64_t at, uint64_t n)
+int ll_push_found(Session *s, const ll_found_t *f, fuse_ino_t ino, uint64_t n)
+{
+    if (f->shard)
+        return ll_push(s, f->shard, ino, f->offset, f->size, n);
+    if (n == 0)
+        return -1;
+    char *buf = malloc((size_t)n);
+    int stored = buf && ll_resolve_read(f, 0, buf, (size_t)n) == SFS_OK
+                     ? ll_store(s, NULL, f->pool, ino, f->offset, f->size, buf, 0, n)
+                     : -1;
+    free(buf);
+    return stored;
+}
+
+/* Whether slot `slot` of shard `number` still holds the object at byte
+ * `off` of `size` bytes: its shard's slot, or its record's (pool). */
+static int still_there(sfs_shard_t *shard, ll_pool_t *pool, uint32_t number, uint32_t slot, uint64_t off,
+                       uint64_t size)
+{
+    uint64_t now_off, now_size;
+    if (shard)
+        return slot < sfs_slot_count(shard) && g_slot_object(shard, slot, &now_off, &now_size) == SFS_OK &&
+               now_off == off && now_size == size;
+    return ll_pool_find(pool, number, NULL, slot, NULL, &now_off, &now_size) == SFS_OK && now_off == off &&
+           now_size == size;
+}
+
+int ll_store(Session *s, sfs_shard_t *shard, ll_pool_t *pool, fuse_ino_t ino, uint64_t off, uint64_t size,
+             const char *bytes, uint64_t at, uint64_t n)
 {
     pthread_once(&push_delay_once, push_delay_read);
     if (push_delay_ms) {
@@ -84,9 +112,7 @@ int ll_store(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint6
     bv.buf[0].mem = (void *)bytes;
     int stored = fuse_lowlevel_notify_store(s->se, ino, (off_t)at, &bv, 0) == 0 ? 0 : -1;
     uint32_t number, slot;
-    uint64_t now_off, now_size;
-    if (!sfs_ll_object_inode(ino, &number, &slot) || slot >= sfs_slot_count(shard) ||
-        g_slot_object(shard, slot, &now_off, &now_size) != SFS_OK || now_off != off || now_size != size)
+    if (!sfs_ll_object_inode(ino, &number, &slot) || !still_there(shard, pool, number, slot, off, size))
         fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0); /* ENOENT: the kernel has no such inode */
     return stored;
 }
@@ -196,21 +222,65 @@ static uint64_t top64(const uint8_t *key)
     return v;
 }
 
+/* Slot `slot` of shard `number`: in `shard`, or, shard NULL, in its
+ * record through `pool`: its key (key_out, may be NULL), the offset of
+ * its object's first byte and its size (may be NULL). SFS_OK or another
+ * status (an empty slot, no record). */
+static int slot_object(sfs_shard_t *shard, ll_pool_t *pool, uint32_t number, uint32_t slot, uint8_t *key_out,
+                       uint64_t *off, uint64_t *size)
+{
+    uint64_t o, z, slots;
+    if (!shard)
+        return ll_pool_slot(pool, number, slot, key_out ? key_out : (uint8_t[SFS_KEY_SIZE]){0}, off ? off : &o,
+                            size ? size : &z, &slots);
+    if (key_out && g_slot_key(shard, slot, key_out) != SFS_OK)
+        return SFS_ENOTFOUND;
+    return off ? g_slot_object(shard, slot, off, size) : SFS_OK;
+}
+
+/* ll_push of slot `slot`'s object (at byte `off`, `size` bytes), from
+ * `shard`, or read by offset through `pool` (its record answered). */
+static int push_one(Session *s, sfs_shard_t *shard, ll_pool_t *pool, uint32_t number, uint32_t slot, uint64_t off,
+                    uint64_t size)
+{
+    fuse_ino_t ino = sfs_ll_object_ino(number, slot);
+    if (shard)
+        return ll_push(s, shard, ino, off, size, size);
+    char *buf = malloc((size_t)size);
+    int stored = buf && ll_pool_read(pool, number, off, size, 0, buf, (size_t)size) == SFS_OK
+                     ? ll_store(s, NULL, pool, ino, off, size, buf, 0, size)
+                     : -1;
+    free(buf);
+    return stored;
+}
+
 void ll_ahead_push(struct ll_ahead *a, Session *s, ll_snapshot_t *snap, uint32_t number, uint32_t slot,
                    int64_t *stats)
 {
     int64_t mtime;
     sfs_shard_t *held = NULL; /* opened by the snapshot's pool (ll_pool.h) */
     sfs_shard_t *shard = ll_snapshot_shard(snap, number, &mtime);
-    if (!shard && snap->pool && number < snap->nshards && snap->mtimes[number] >= 0) {
-        int status;
-        shard = held = ll_pool_get(snap->pool, number, &status);
-    }
-    if (!shard)
-        return;
-    uint64_t count = sfs_slot_count(shard);
+    ll_pool_t *rec = NULL; /* or its record answers, and objects are read by offset */
+    uint64_t count = 0;
     uint8_t key[SFS_KEY_SIZE];
-    int keyed = g_slot_key(shard, slot, key) == SFS_OK;
+    int keyed = 0;
+    if (!shard && snap->pool && number < snap->nshards && snap->mtimes[number] >= 0) {
+        uint64_t off, size;
+        int rc = ll_pool_slot(snap->pool, number, slot, key, &off, &size, &count);
+        if (rc != LL_POOL_NO_RECORD) {
+            rec = snap->pool;
+            keyed = rc == SFS_OK;
+        } else {
+            int status;
+            shard = held = ll_pool_get(snap->pool, number, &status);
+        }
+    }
+    if (!shard && !rec)
+        return;
+    if (shard) {
+        count = sfs_slot_count(shard);
+        keyed = g_slot_key(shard, slot, key) == SFS_OK;
+    }
     /* Two reads in order in a row before a push: one alone happens by
      * chance in a small shard read at random. Slot order is the flat
      * root's listing order (tar, find | xargs); key order is sorted names
@@ -252,7 +322,7 @@ void ll_ahead_push(struct ll_ahead *a, Session *s, ll_snapshot_t *snap, uint32_t
         size_t got = sc ? g_next_by_key(sc, key, slot, AHEAD_SLOTS, &pos, next) : 0;
         sfs_sidecar_close(sc);
         uint8_t far[SFS_KEY_SIZE];
-        int far_ok = got && g_slot_key(shard, next[got - 1], far) == SFS_OK;
+        int far_ok = got && slot_object(shard, rec, number, next[got - 1], far, NULL, NULL) == SFS_OK;
         pthread_mutex_lock(&a->lock);
         struct ahead_stream *ks = stream->born == born ? stream : NULL;
         /* positions after what this stream pushed already */
@@ -270,17 +340,19 @@ void ll_ahead_push(struct ll_ahead *a, Session *s, ll_snapshot_t *snap, uint32_t
     /* Ask for every object's bytes at once (the device serves them in
      * parallel), then push them in order: the reader wants the first next. */
     for (size_t i = 0; i < n; i++) {
-        if (slots[i] < count && g_slot_object(shard, slots[i], &offs[i], &sizes[i]) == SFS_OK && sizes[i] > 0 &&
-            sizes[i] <= AHEAD_MAX_SIZE)
-            sfs_prefetch(shard, offs[i], sizes[i]);
-        else
+        if (slots[i] < count && slot_object(shard, rec, number, slots[i], NULL, &offs[i], &sizes[i]) == SFS_OK &&
+            sizes[i] > 0 && sizes[i] <= AHEAD_MAX_SIZE) {
+            if (shard)
+                sfs_prefetch(shard, offs[i], sizes[i]);
+        } else {
             offs[i] = UINT64_MAX;
+        }
     }
     for (size_t i = 0; i < n; i++)
         if (offs[i] != UINT64_MAX) {
             /* refused: the kernel dropped the inode (it keeps a listed
              * name's inode only while memory allows); its read READs */
-            int refused = ll_push(s, shard, sfs_ll_object_ino(number, slots[i]), offs[i], sizes[i], sizes[i]) != 0;
+            int refused = push_one(s, shard, rec, number, slots[i], offs[i], sizes[i]) != 0;
             __atomic_fetch_add(&stats[refused ? LL_STAT_PUSH_REFUSED : LL_STAT_PUSHED], 1, __ATOMIC_RELAXED);
         }
     sfs_close(held);

@@ -10,6 +10,7 @@
 #define SHARDFS_LL_AHEAD_H
 
 #include "ll.h"
+#include "ll_resolve.h"
 #include "ll_snapshot.h"
 
 #pragma GCC visibility push(hidden)
@@ -65,12 +66,17 @@ void ll_ahead_forget(struct ll_ahead *a);
  * landing in between gets the inode invalidated (ll_ahead.c). */
 int ll_push(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t size, uint64_t n);
 
+/* ll_push of the object `found` answered (ll_resolve.h): from its shard,
+ * or, a record having answered (found.shard NULL), read by offset through
+ * the pool and checked again against the record after the store. */
+int ll_push_found(Session *s, const ll_found_t *found, fuse_ino_t ino, uint64_t n);
+
 /* Store bytes [at, at + n) of that object, already read into `bytes`
  * (bytes[0] is the object's byte `at`), into the kernel's page cache for
- * `ino`, then read the slot again as ll_push does: 0, or -1 when the
- * kernel refused. */
-int ll_store(Session *s, sfs_shard_t *shard, fuse_ino_t ino, uint64_t off, uint64_t size, const char *bytes,
-             uint64_t at, uint64_t n);
+ * `ino`, then read the slot again as ll_push does (in `shard`, or, shard
+ * NULL, in its record through `pool`): 0, or -1 when the kernel refused. */
+int ll_store(Session *s, sfs_shard_t *shard, ll_pool_t *pool, fuse_ino_t ino, uint64_t off, uint64_t size,
+             const char *bytes, uint64_t at, uint64_t n);
 
 /* After a read from the start of slot `slot` of shard `number` (answered;
  * `snap` held): when the reads of this process follow the shard's slot

@@ -238,7 +238,7 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     if (res == LL_FOUND) {
         n = len = sfs_ll_read_length(found.size, (uint64_t)offset, want);
         if (offset == 0 && n < found.size && found.size >= LL_DECODE_WHOLE_MIN && found.size <= LL_DECODE_WHOLE_MAX &&
-            (sfs_kind_flags(found.shard) & SFS_KIND_DECODES)) {
+            found.shard && (sfs_kind_flags(found.shard) & SFS_KIND_DECODES)) {
             /* a store waits for the locks of pages other READs are
              * answering: a thread stays free to answer them (ll_ioctl) */
             if (__atomic_add_fetch(&s->storing, 1, __ATOMIC_ACQ_REL) <= s->store_max)
@@ -248,7 +248,7 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
         }
         buf = len ? malloc(len) : NULL;
         rc = len && !buf ? SFS_ENOMEM : ll_resolve_read(&found, (uint64_t)offset, buf, len);
-        remote = (sfs_kind_flags(found.shard) & SFS_KIND_REMOTE) != 0;
+        remote = found.shard && (sfs_kind_flags(found.shard) & SFS_KIND_REMOTE) != 0;
         if (len > n && rc == SFS_OK)
             whole = sfs_ref(found.shard);
         else if (len > n)
@@ -262,13 +262,15 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
     else if (rc == SFS_OK) {
         fuse_reply_buf(req, buf, n);
         if (whole) {
-            ll_store(s, whole, ino, found.offset, found.size, buf + n, n, found.size - n);
+            ll_store(s, whole, NULL, ino, found.offset, found.size, buf + n, n, found.size - n);
             sfs_close(whole);
             __atomic_sub_fetch(&s->storing, 1, __ATOMIC_ACQ_REL);
         }
     }
     else if (rc == SFS_ENOMEM)
         fuse_reply_err(req, ENOMEM);
+    else if (rc == SFS_ENOTFOUND)
+        fuse_reply_err(req, ENOENT); /* deleted since its record answered */
     else if (rc == SFS_EIO && remote)
         /* the cluster failed or timed out (rbd.h): asking it again from
          * the Python handler would double the wait */
@@ -288,9 +290,9 @@ int ll_fast_store(Session *s, fuse_ino_t ino, size_t want)
      * again from the cluster; its READ, if its pages are not cached, takes
      * the read the LOOKUP started (rbd.h). */
     found.held = NULL;
-    int stored = snap && ll_resolve_inode(snap, ino, LL_INODE_BYTES, &found) == LL_FOUND &&
-                         !(sfs_kind_flags(found.shard) & SFS_KIND_REMOTE)
-                     ? ll_push(s, found.shard, ino, found.offset, found.size, found.size < want ? found.size : want)
+    int stored = snap && ll_resolve_inode(snap, ino, LL_INODE_ATTR, &found) == LL_FOUND &&
+                         !(found.shard && (sfs_kind_flags(found.shard) & SFS_KIND_REMOTE))
+                     ? ll_push_found(s, &found, ino, found.size < want ? found.size : want)
                      : -1;
     ll_found_release(&found);
     ll_snapshot_release(snap);

@@ -10,6 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include "internal.h"
 
 #define STRIPES 64
 #define CHUNK_BITS 12
@@ -29,7 +34,23 @@ struct entry {
     sfs_shard_t *shard; /* open here, the pool's reference, or NULL */
     sfs_lookup_pack_t *pack; /* where its lookups are answered without it (a reference), or NULL */
     uint64_t record;         /* its record's byte offset in `pack` */
+    struct ll_fd *fd;        /* the file open here for reads by offset (the pool's reference), or NULL */
 };
+
+/* A descriptor of a shard's file, read by offset (a recorded shard: no
+ * mapping, no perfect hash to parse): closed when its last holder lets go. */
+struct ll_fd {
+    int fd;
+    int refs; /* holders: the pool while it keeps it, each read in flight */
+};
+
+static void fd_release(struct ll_fd *h)
+{
+    if (h && __atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        close(h->fd);
+        free(h);
+    }
+}
 
 struct ll_pool {
     struct ll_pool *prev, *next; /* the process's pools (fork handlers) */
@@ -122,6 +143,18 @@ static sfs_shard_t *take_shard(ll_pool_t *p, struct entry *e)
     return s;
 }
 
+/* Take entry e's descriptor out of the pool (stripe held); the caller
+ * lets it go (fd_release) after unlocking. */
+static struct ll_fd *take_fd(ll_pool_t *p, struct entry *e)
+{
+    struct ll_fd *h = e->fd;
+    if (h) {
+        __atomic_store_n(&e->fd, NULL, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+    }
+    return h;
+}
+
 void ll_pool_unref(ll_pool_t *p)
 {
     if (!p || __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) != 0)
@@ -138,6 +171,7 @@ void ll_pool_unref(ll_pool_t *p)
         struct entry *chunk = p->chunks[c];
         for (size_t i = 0; chunk && i < CHUNK; i++) {
             sfs_close(chunk[i].shard);
+            fd_release(chunk[i].fd);
             sfs_lookup_pack_close(chunk[i].pack);
             free(chunk[i].source);
         }
@@ -156,7 +190,8 @@ static int evict_one(ll_pool_t *p)
     pthread_mutex_lock(&p->evicting);
     uint32_t top = __atomic_load_n(&p->top, __ATOMIC_ACQUIRE);
     sfs_shard_t *victim = NULL;
-    for (uint64_t step = 0; top && step < 2 * (uint64_t)top && !victim; step++) {
+    struct ll_fd *victim_fd = NULL;
+    for (uint64_t step = 0; top && step < 2 * (uint64_t)top; step++) {
         uint32_t number = p->hand < top ? p->hand : 0;
         p->hand = number + 1;
         struct entry *e = entry_of(p, number);
@@ -164,7 +199,7 @@ static int evict_one(ll_pool_t *p)
             p->hand = (number | (CHUNK - 1)) + 1;
             continue;
         }
-        if (!__atomic_load_n(&e->shard, __ATOMIC_RELAXED))
+        if (!__atomic_load_n(&e->shard, __ATOMIC_RELAXED) && !__atomic_load_n(&e->fd, __ATOMIC_RELAXED))
             continue;
         if (__atomic_load_n(&e->used, __ATOMIC_RELAXED)) {
             __atomic_store_n(&e->used, 0, __ATOMIC_RELAXED);
@@ -173,13 +208,19 @@ static int evict_one(ll_pool_t *p)
         pthread_mutex_t *m = stripe_of(p, number);
         pthread_mutex_lock(m);
         victim = take_shard(p, e);
+        victim_fd = take_fd(p, e);
         pthread_mutex_unlock(m);
+        if (!victim && !victim_fd)
+            continue;
+        break;
     }
-    if (victim)
+    int evicted = victim || victim_fd;
+    if (evicted)
         __atomic_add_fetch(&p->evictions, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&p->evicting);
     sfs_close(victim); /* its requests in flight keep it until they let go */
-    return victim != NULL;
+    fd_release(victim_fd);
+    return evicted;
 }
 
 /* Close shards until the pool holds at most `bound` (counting the rooms
@@ -222,6 +263,7 @@ int ll_pool_register(ll_pool_t *p, uint32_t number, const char *source, int has_
     char *old = e->source;
     sfs_lookup_pack_t *old_pack = e->pack;
     sfs_shard_t *victim = take_shard(p, e);
+    struct ll_fd *victim_fd = take_fd(p, e);
     e->pack = pack;
     e->record = record;
     e->source = copy;
@@ -236,6 +278,7 @@ int ll_pool_register(ll_pool_t *p, uint32_t number, const char *source, int has_
     free(old);
     sfs_lookup_pack_close(old_pack);
     sfs_close(victim);
+    fd_release(victim_fd);
     if (number + 1 > __atomic_load_n(&p->top, __ATOMIC_RELAXED))
         __atomic_store_n(&p->top, number + 1, __ATOMIC_RELEASE);
     return 0;
@@ -251,6 +294,7 @@ void ll_pool_forget(ll_pool_t *p, uint32_t number)
     char *old = e->source;
     sfs_lookup_pack_t *old_pack = e->pack;
     sfs_shard_t *victim = take_shard(p, e);
+    struct ll_fd *victim_fd = take_fd(p, e);
     e->source = NULL;
     e->pack = NULL;
     e->gen++;
@@ -259,6 +303,7 @@ void ll_pool_forget(ll_pool_t *p, uint32_t number)
     free(old);
     sfs_lookup_pack_close(old_pack);
     sfs_close(victim);
+    fd_release(victim_fd);
 }
 
 /* sfs_open under SFS_GUARDED (guard.h): a file that shrinks while its hash
@@ -284,23 +329,40 @@ static int matches(const sfs_shard_t *s, int has_ident, uint64_t dev, uint64_t i
     return fstat(s->fd, &st) == 0 && (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino;
 }
 
-sfs_shard_t *ll_pool_get(ll_pool_t *p, uint32_t number, int *status)
+/* Entry `number`, registered, with its stripe *m locked; NULL (nothing
+ * locked) when it is not registered. */
+static struct entry *lock_entry(ll_pool_t *p, uint32_t number, pthread_mutex_t **m)
 {
-    *status = SFS_ESTALE;
     struct entry *e = entry_of(p, number);
     if (!e)
         return NULL;
-    pthread_mutex_t *m = stripe_of(p, number);
-    pthread_mutex_lock(m);
+    *m = stripe_of(p, number);
+    pthread_mutex_lock(*m);
     if (!e->state) {
-        pthread_mutex_unlock(m);
+        pthread_mutex_unlock(*m);
         return NULL;
     }
+    return e;
+}
+
+/* The clock's mark: entry e was used since the hand last passed. */
+static void mark_used(struct entry *e)
+{
+    if (!__atomic_load_n(&e->used, __ATOMIC_RELAXED))
+        __atomic_store_n(&e->used, 1, __ATOMIC_RELAXED);
+}
+
+sfs_shard_t *ll_pool_get(ll_pool_t *p, uint32_t number, int *status)
+{
+    *status = SFS_ESTALE;
+    pthread_mutex_t *m;
+    struct entry *e = lock_entry(p, number, &m);
+    if (!e)
+        return NULL;
     if (e->shard) {
         sfs_shard_t *s = sfs_ref(e->shard);
         pthread_mutex_unlock(m);
-        if (!__atomic_load_n(&e->used, __ATOMIC_RELAXED))
-            __atomic_store_n(&e->used, 1, __ATOMIC_RELAXED);
+        mark_used(e);
         *status = SFS_OK;
         return s;
     }
@@ -364,38 +426,180 @@ static sfs_lookup_pack_t *record_of(ll_pool_t *p, uint32_t number, uint64_t *rec
     return pack;
 }
 
+/* What ll_pool_find asks of a record: the object of `key`; else (key
+ * NULL) of `slot`, and, key_out given, its key; *slots the record's slot
+ * count. */
 static int find_in(const sfs_lookup_pack_t *pack, uint64_t record, const uint8_t *key, uint64_t slot,
-                   uint32_t *slot_out, uint64_t *offset, uint64_t *size)
+                   uint32_t *slot_out, uint64_t *offset, uint64_t *size, uint8_t *key_out, uint64_t *slots)
 {
     sfs_lookup_record_t r;
     int rc = sfs_lookup_pack_view(pack, record, &r);
     if (rc != SFS_OK)
         return rc;
-    if (!key)
-        return sfs_lookup_record_slot(&r, slot, offset, size);
-    return sfs_lookup_record_find(&r, key, slot_out, offset, size);
+    *slots = r.slots;
+    if (key)
+        return sfs_lookup_record_find(&r, key, slot_out, offset, size);
+    rc = sfs_lookup_record_slot(&r, slot, offset, size);
+    if (rc == SFS_OK && key_out)
+        memcpy(key_out, r.index + SFS_SLOT_SIZE * slot, SFS_KEY_SIZE);
+    return rc;
 }
 
 /* find_in under SFS_GUARDED: a pack that shrank gives SFS_EGONE (its
  * reference is then lost, once), not SIGBUS. */
 static __attribute__((noinline)) int guarded_find(const sfs_lookup_pack_t *pack, uint64_t record, const uint8_t *key,
-                                                  uint64_t slot, uint32_t *slot_out, uint64_t *offset, uint64_t *size)
+                                                  uint64_t slot, uint32_t *slot_out, uint64_t *offset, uint64_t *size,
+                                                  uint8_t *key_out, uint64_t *slots)
 {
     int rc = SFS_OK;
-    SFS_GUARDED(rc = SFS_EGONE, rc = find_in(pack, record, key, slot, slot_out, offset, size));
+    SFS_GUARDED(rc = SFS_EGONE, rc = find_in(pack, record, key, slot, slot_out, offset, size, key_out, slots));
     return rc;
 }
 
-int ll_pool_find(ll_pool_t *p, uint32_t number, const uint8_t *key, uint64_t slot, uint32_t *slot_out,
-                 uint64_t *offset, uint64_t *size)
+static int pool_find(ll_pool_t *p, uint32_t number, const uint8_t *key, uint64_t slot, uint32_t *slot_out,
+                     uint64_t *offset, uint64_t *size, uint8_t *key_out, uint64_t *slots)
 {
     uint64_t record;
     sfs_lookup_pack_t *pack = record_of(p, number, &record);
     if (!pack)
         return LL_POOL_NO_RECORD;
-    int rc = guarded_find(pack, record, key, slot, slot_out, offset, size);
+    int rc = guarded_find(pack, record, key, slot, slot_out, offset, size, key_out, slots);
     sfs_lookup_pack_close(pack);
     return rc == SFS_OK || rc == SFS_ENOTFOUND ? rc : LL_POOL_NO_RECORD;
+}
+
+int ll_pool_find(ll_pool_t *p, uint32_t number, const uint8_t *key, uint64_t slot, uint32_t *slot_out,
+                 uint64_t *offset, uint64_t *size)
+{
+    uint64_t slots;
+    return pool_find(p, number, key, slot, slot_out, offset, size, NULL, &slots);
+}
+
+int ll_pool_slot(ll_pool_t *p, uint32_t number, uint64_t slot, uint8_t key[SFS_KEY_SIZE], uint64_t *offset,
+                 uint64_t *size, uint64_t *slots)
+{
+    *slots = 0;
+    return pool_find(p, number, NULL, slot, NULL, offset, size, key, slots);
+}
+
+/* The descriptor of shard `number` for reads by offset: a new hold
+ * (fd_release), opened now if the pool has none (closing others first to
+ * stay within the bound), checked against what was registered: (dev, ino)
+ * and a file reaching the registered extent. NULL with *status. */
+static struct ll_fd *fd_get(ll_pool_t *p, uint32_t number, int *status)
+{
+    *status = SFS_ESTALE;
+    pthread_mutex_t *m;
+    struct entry *e = lock_entry(p, number, &m);
+    if (!e)
+        return NULL;
+    if (e->fd) {
+        struct ll_fd *h = e->fd;
+        __atomic_add_fetch(&h->refs, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(m);
+        mark_used(e);
+        *status = SFS_OK;
+        return h;
+    }
+    char *source = strdup(e->source);
+    uint32_t gen = e->gen;
+    int has_ident = e->has_ident;
+    uint64_t dev = e->dev, ino = e->ino, extent = e->extent;
+    pthread_mutex_unlock(m);
+    struct ll_fd *h = malloc(sizeof(*h));
+    if (!source || !h) {
+        free(source);
+        free(h);
+        *status = SFS_ENOMEM;
+        return NULL;
+    }
+    __atomic_add_fetch(&p->open, 1, __ATOMIC_RELAXED); /* its room, made before it opens */
+    make_room(p);
+    struct stat st;
+    h->fd = open(source, O_RDONLY | O_CLOEXEC);
+    h->refs = 2; /* the pool's, ours */
+    free(source);
+    int rc = SFS_OK;
+    if (h->fd < 0)
+        rc = SFS_EIO;
+    else if (fstat(h->fd, &st) < 0 || (has_ident && ((uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino)) ||
+             (S_ISREG(st.st_mode) && (uint64_t)st.st_size < extent))
+        rc = SFS_ESTALE; /* another file under its name, or it shrank */
+    struct ll_fd *spare = NULL, *out = NULL;
+    pthread_mutex_lock(m);
+    if (rc != SFS_OK || e->gen != gen || !e->state) {
+        __atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+        spare = h;
+        if (rc == SFS_OK)
+            rc = SFS_ESTALE;
+    } else if (e->fd) { /* another read opened it first */
+        __atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+        spare = h;
+        out = e->fd;
+        __atomic_add_fetch(&out->refs, 1, __ATOMIC_RELAXED);
+    } else {
+        e->fd = out = h;
+        __atomic_store_n(&e->used, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(m);
+    if (spare) {
+        if (spare->fd >= 0)
+            close(spare->fd);
+        free(spare);
+    }
+    if (out == h)
+        __atomic_add_fetch(&p->opens, 1, __ATOMIC_RELAXED);
+    *status = rc;
+    return out;
+}
+
+int ll_pool_read(ll_pool_t *p, uint32_t number, uint64_t data_offset, uint64_t size, uint64_t at, void *buf,
+                 size_t n)
+{
+    int status;
+    struct ll_fd *h = fd_get(p, number, &status);
+    if (!h)
+        return status;
+    uint8_t field[SFS_SIZE_FIELD_SIZE];
+    struct iovec iov[2] = {{field, sizeof(field)}, {buf, n}};
+    uint64_t from = data_offset - SFS_SIZE_FIELD_SIZE + at;
+    if (at) { /* past the object's start: its size field is read on its own */
+        iov[0].iov_len = 0;
+        from = data_offset + at;
+    }
+    size_t want = iov[0].iov_len + n, got = 0;
+    int rc = SFS_OK;
+    while (got < want) {
+        struct iovec rest[2];
+        int k = 0;
+        size_t skip = got;
+        for (int i = 0; i < 2; i++) {
+            if (skip >= iov[i].iov_len) {
+                skip -= iov[i].iov_len;
+                continue;
+            }
+            rest[k].iov_base = (char *)iov[i].iov_base + skip;
+            rest[k++].iov_len = iov[i].iov_len - skip;
+            skip = 0;
+        }
+        ssize_t r = preadv(h->fd, rest, k, (off_t)(from + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = SFS_EIO; /* an error, or the file ended first: it shrank */
+            break;
+        }
+        got += (size_t)r;
+    }
+    if (rc == SFS_OK && at && pread(h->fd, field, sizeof(field), (off_t)(data_offset - SFS_SIZE_FIELD_SIZE)) !=
+                                   (ssize_t)sizeof(field))
+        rc = SFS_EIO;
+    /* a size field that is not the record's: the object was deleted (its
+     * size field zeroed) or the file changed: the caller asks the shard */
+    if (rc == SFS_OK && be64(field) != size)
+        rc = SFS_ESTALE;
+    fd_release(h);
+    return rc;
 }
 
 void ll_pool_stats(ll_pool_t *p, ll_pool_stats_t *out)

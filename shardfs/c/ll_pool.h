@@ -18,7 +18,11 @@
  * here costs sfs_open (an open, an fstat, two small preads of the header
  * and the hash section's head, an mmap of the extent).
  *
- * Bound: at most `bound` shards open in the pool, and at most `map_budget`
+ * A shard whose lookups its record answers (ll_pool_find) is read by
+ * offset (ll_pool_read) through a descriptor the pool keeps instead: an
+ * open and an fstat, no mapping and no perfect hash to parse.
+ *
+ * Bound: at most `bound` shards open in the pool (shards and descriptors), and at most `map_budget`
  * bytes mapped by them (the address space: a 100 GB shard maps 100 GB of
  * it). Each request holds a reference of its own on the shard it reads, so
  * a shard closed to make room stays open until its last request lets go
@@ -85,6 +89,12 @@ int ll_pool_register(ll_pool_t *pool, uint32_t number, const char *source, int h
 int ll_pool_find(ll_pool_t *pool, uint32_t number, const uint8_t *key, uint64_t slot, uint32_t *slot_out,
                  uint64_t *offset, uint64_t *size);
 
+/* From shard `number`'s record: the object of `slot` as ll_pool_find
+ * (SFS_OK, SFS_ENOTFOUND, LL_POOL_NO_RECORD), its key into key (SFS_OK
+ * only), and the record's slot count into *slots (0 without a record). */
+int ll_pool_slot(ll_pool_t *pool, uint32_t number, uint64_t slot, uint8_t key[SFS_KEY_SIZE], uint64_t *offset,
+                 uint64_t *size, uint64_t *slots);
+
 /* Shard `number` is no longer opened here; a shard open for it is closed
  * (once its requests in flight let go). */
 void ll_pool_forget(ll_pool_t *pool, uint32_t number);
@@ -94,6 +104,17 @@ void ll_pool_forget(ll_pool_t *pool, uint32_t number);
  * the number is not registered, or its open failed or did not match what
  * was registered (*status: SFS_ESTALE for a mismatch, else sfs_open's). */
 sfs_shard_t *ll_pool_get(ll_pool_t *pool, uint32_t number, int *status);
+
+/* Bytes [at, at + n) of the object whose first byte is at byte
+ * `data_offset` of shard `number` and whose size (its record's) is `size`,
+ * into buf, read by offset through a descriptor the pool keeps for the
+ * shard (opened now if it has none: an open and an fstat, no mapping),
+ * its size field read too and checked against `size`. SFS_OK; SFS_ESTALE
+ * (another file under its name, a size field that differs: deleted since);
+ * SFS_EIO (errno: a read failed or the file ended first); SFS_ENOMEM. The
+ * caller then asks the shard itself (ll_pool_get). */
+int ll_pool_read(ll_pool_t *pool, uint32_t number, uint64_t data_offset, uint64_t size, uint64_t at, void *buf,
+                 size_t n);
 
 /* What the pool holds now: shards open, bytes they map, opens made since
  * it was made, and closes to make room. */

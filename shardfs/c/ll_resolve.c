@@ -279,11 +279,13 @@ enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int how, 
         return LL_STALE;
     int64_t mtime;
     sfs_shard_t *shard = ll_snapshot_shard(snap, number, &mtime);
-    if (!shard && how == LL_INODE_ATTR && state >= 0 && snap->pool) {
-        /* not open here: its record answers, when the pool has one */
+    if (!shard && state >= 0 && snap->pool) {
+        /* not open here: its record answers, when the pool has one (a
+         * read is then made by offset: ll_resolve_read) */
         int rc = ll_pool_find(snap->pool, number, NULL, slot, NULL, &f->offset, &f->size);
         if (rc != LL_POOL_NO_RECORD) {
             f->mtime_ns = state;
+            f->pool = snap->pool;
             return rc == SFS_OK ? LL_FOUND : LL_ABSENT;
         }
     }
@@ -306,5 +308,23 @@ enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int how, 
 
 int ll_resolve_read(const ll_found_t *f, uint64_t offset, void *buf, size_t n)
 {
-    return n ? g_read(f->shard, f->offset + offset, buf, n) : SFS_OK;
+    if (f->shard)
+        return n ? g_read(f->shard, f->offset + offset, buf, n) : SFS_OK;
+    /* answered from a record: read by offset, else (a size field that
+     * differs: deleted since; the file changed) the shard's own slot */
+    int rc = ll_pool_read(f->pool, f->number, f->offset, f->size, offset, buf, n);
+    if (rc == SFS_OK || rc == SFS_ENOMEM)
+        return rc;
+    int status;
+    sfs_shard_t *shard = ll_pool_get(f->pool, f->number, &status);
+    if (!shard)
+        return status;
+    uint64_t at, size;
+    rc = g_slot_object(shard, f->slot, &at, &size);
+    if (rc == SFS_OK && (at != f->offset || size != f->size))
+        rc = SFS_ENOTFOUND; /* another object there now */
+    if (rc == SFS_OK && n)
+        rc = g_read(shard, at + offset, buf, n);
+    sfs_close(shard);
+    return rc;
 }

@@ -59,6 +59,8 @@ typedef struct {
                            * until ll_found_release; NULL when a lookup record answered
                            * (names, keys, LL_INODE_ATTR: the shard is not open here) */
     sfs_shard_t *held;    /* a shard the snapshot's pool opened for this answer (a reference) */
+    ll_pool_t *pool;      /* the snapshot's pool, when a record answered an inode (found.shard NULL): read
+                           * through it (ll_resolve_read), while the snapshot is held */
     size_t probed;        /* shard indexes (or hash indexes) asked */
     int by_hash;          /* found by sha1 or sha1_git: probed counts hash index probes */
     /* the first LL_PROBED_MAX shard numbers asked (their use, for the
@@ -102,10 +104,10 @@ enum ll_resolution ll_resolve_digest(ll_snapshot_t *snap, int kind, const uint8_
 
 /* What ll_resolve_inode is asked for. */
 enum {
-    LL_INODE_ATTR = 0,  /* size and mtime: from the shard's lookup record when it is not open (found.shard NULL) */
-    LL_INODE_READ = 1,  /* its bytes: found.shard set; a removed shard still open here is read, for files
-                         * opened before its removal */
-    LL_INODE_BYTES = 2, /* its bytes, its shard served (found.shard set) */
+    LL_INODE_ATTR = 0,  /* its size and mtime (and bytes: ll_resolve_read), its shard served; from the shard's
+                         * lookup record when it is not open here (found.shard NULL) */
+    LL_INODE_READ = 1,  /* its bytes (ll_resolve_read: by offset when a record answered, found.shard NULL);
+                         * a removed shard still open here is read, for files opened before its removal */
 };
 
 /* The object inode `ino` names, its slot read now, for `how` (LL_INODE_*).
@@ -115,7 +117,11 @@ enum {
 enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int how, ll_found_t *found);
 
 /* Bytes [offset, offset + n) of the object `found` (LL_FOUND), into buf:
- * SFS_OK, or the status of sfs_read (SFS_EIO, SFS_EGONE: the file shrank). */
+ * SFS_OK, or the status of sfs_read (SFS_EIO, SFS_EGONE: the file shrank);
+ * for an object a record answered, read by offset through the pool
+ * (ll_pool_read), else from its shard opened by the pool, whose own slot
+ * then decides: SFS_ENOTFOUND when it no longer holds that object (deleted
+ * since), SFS_ESTALE when the file cannot be opened as registered. */
 int ll_resolve_read(const ll_found_t *found, uint64_t offset, void *buf, size_t n);
 
 #pragma GCC visibility pop

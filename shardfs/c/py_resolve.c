@@ -236,7 +236,7 @@ static PyObject *Resolver_read(Resolver *self, PyObject *args)
             } else {
                 Py_DECREF(bytes);
                 f.status = rc;
-                r = answer(LL_FAILED, &f);
+                r = answer(rc == SFS_ENOTFOUND ? LL_ABSENT : LL_FAILED, &f); /* deleted since its record answered */
             }
         }
     }

@@ -230,10 +230,12 @@ def _die_with(coordinator: int, name: bytes) -> None:
 
 
 def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinator: int, threads: int,
-        close_fds: "tuple[int, ...]" = ()) -> None:
+        close_fds: "tuple[int, ...]" = (), published: int = -1) -> None:
     """Body of a freshly forked worker; never returns (exits the process:
     0 when the session ended, 1 on error). `session` is the mount's
-    `shardfs._shardfs.Session`; `threads` the most threads serving."""
+    `shardfs._shardfs.Session`; `threads` the most threads serving;
+    `published` the sequence of the table the forked shard set matches
+    (`Coordinator._spawn`), -1 when unknown."""
     status = 1
     try:
         _die_with(coordinator, WORKER_NAME)
@@ -255,7 +257,10 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
             fs.winery.wait_for_table = hooks.wait_for_publish
             hooks.winery = fs.winery
         hooks.start()
-        hooks.sync()
+        if fs.winery is None and published >= 0:
+            hooks.seen = published  # forked with the set of that table: only what changed since is read
+        if hooks.words[SEQ] != hooks.seen:
+            hooks.sync()
         log.debug("worker %d (position %d) serving with up to %d threads", os.getpid(), position, threads)
         row = state.row(position)
         # The C request path's own words (stats[0..4] of ll_fast.c); the

@@ -148,7 +148,7 @@ SAN_ENV := UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 SAN_PY_TESTS ?= tests/test_api.py tests/test_bad_input.py tests/test_sidecar.py tests/test_sigbus_guard.py \
 	tests/test_gindex.py tests/test_open_shards.py tests/test_interop.py tests/test_cli.py tests/test_fuse.py \
 	tests/test_hashes.py tests/test_ceph.py tests/test_workers.py tests/test_slow_device.py tests/test_mount_scale.py \
-	tests/test_mosaic.py tests/test_open_bound.py
+	tests/test_mosaic.py tests/test_open_bound.py tests/test_lookups.py
 # swh's winery setup runs psql, which hangs with the sanitizer runtime preloaded.
 SAN_PY_DESELECT := --deselect tests/test_ceph.py::test_a_winery_mount_reads_its_rbd_pool_through_librbd
 FUZZ_DIR ?= build/fuzz

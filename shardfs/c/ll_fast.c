@@ -271,6 +271,8 @@ int ll_fast_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t want, off_t 
         fuse_reply_err(req, ENOMEM);
     else if (rc == SFS_ENOTFOUND)
         fuse_reply_err(req, ENOENT); /* deleted since its record answered */
+    else if (rc == SFS_ESTALE)
+        fuse_reply_err(req, ESTALE); /* its file is gone or replaced since its record answered */
     else if (rc == SFS_EIO && remote)
         /* the cluster failed or timed out (rbd.h): asking it again from
          * the Python handler would double the wait */

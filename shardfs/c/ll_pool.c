@@ -521,7 +521,7 @@ static struct ll_fd *fd_get(ll_pool_t *p, uint32_t number, int *status)
     free(source);
     int rc = SFS_OK;
     if (h->fd < 0)
-        rc = SFS_EIO;
+        rc = errno == ENOENT ? SFS_ESTALE : SFS_EIO; /* gone from under its name: removed */
     else if (fstat(h->fd, &st) < 0 || (has_ident && ((uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino)) ||
              (S_ISREG(st.st_mode) && (uint64_t)st.st_size < extent))
         rc = SFS_ESTALE; /* another file under its name, or it shrank */

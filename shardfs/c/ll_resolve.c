@@ -318,7 +318,7 @@ int ll_resolve_read(const ll_found_t *f, uint64_t offset, void *buf, size_t n)
     int status;
     sfs_shard_t *shard = ll_pool_get(f->pool, f->number, &status);
     if (!shard)
-        return status;
+        return rc == SFS_ESTALE ? SFS_ESTALE : status; /* removed or replaced: its name is looked up again */
     uint64_t at, size;
     rc = g_slot_object(shard, f->slot, &at, &size);
     if (rc == SFS_OK && (at != f->offset || size != f->size))

@@ -121,7 +121,7 @@ enum ll_resolution ll_resolve_inode(ll_snapshot_t *snap, uint64_t ino, int how, 
  * for an object a record answered, read by offset through the pool
  * (ll_pool_read), else from its shard opened by the pool, whose own slot
  * then decides: SFS_ENOTFOUND when it no longer holds that object (deleted
- * since), SFS_ESTALE when the file cannot be opened as registered. */
+ * since), SFS_ESTALE when the file is gone from its name or is another. */
 int ll_resolve_read(const ll_found_t *found, uint64_t offset, void *buf, size_t n);
 
 #pragma GCC visibility pop

@@ -236,7 +236,8 @@ static PyObject *Resolver_read(Resolver *self, PyObject *args)
             } else {
                 Py_DECREF(bytes);
                 f.status = rc;
-                r = answer(rc == SFS_ENOTFOUND ? LL_ABSENT : LL_FAILED, &f); /* deleted since its record answered */
+                /* deleted, or its file gone, since its record answered */
+                r = answer(rc == SFS_ENOTFOUND ? LL_ABSENT : rc == SFS_ESTALE ? LL_STALE : LL_FAILED, &f);
             }
         }
     }

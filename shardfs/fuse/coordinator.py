@@ -613,6 +613,12 @@ class Coordinator:
 
         members = []
         for member in self.shards.served():
+            # what it was when it joined first (no open: with 100,000
+            # shards, opening each took longer than `shardfs delete` waits),
+            # then the file open now
+            dev, ino, rdev = member.ident
+            if ident != ({"rdev": rdev} if "rdev" in ident else {"dev": dev, "ino": ino}):
+                continue
             try:
                 if control.file_identity(os.fstat(member.shard.fileno())) == ident:
                     members.append(member)

@@ -113,10 +113,12 @@ def find_pass(ss, keys, budget: float):
 
 
 def open_set(res, how: str, n: int, paths, present, check, absent, budget: float):
-    """A ShardSet over `paths`, with the global index or every sidecar
-    built, checked, then warmed by an untimed pass of each kind."""
+    """A ShardSet over `paths`, with the global index and the lookup
+    records, or every sidecar, built, checked, then warmed by an untimed
+    pass of each kind."""
     from shardfs.shardset import ShardSet
     from shardfs.gindex import IndexSet, index_dir
+    from shardfs.lookups import LookupSet, lookup_dir
     cache = f"{WORK}/py-{how}-{n}"
     shutil.rmtree(cache, ignore_errors=True)
     warm_files(paths)
@@ -133,6 +135,8 @@ def open_set(res, how: str, n: int, paths, present, check, absent, budget: float
         ss.index.add_shards(((m.identity, m.shard) for m in served), [m.identity for m in served])
         ss.reload_index()
         done = sum(m.indexed for m in served)
+        ss.records = LookupSet(lookup_dir(cache, "bench"))  # what a mount's builder writes
+        ss.build_records()
     else:
         for m in ss.served():
             ss.build_sidecar(m)

@@ -692,6 +692,21 @@ class ShardSet:
             if member.record is None or member.record[0] not in packs:
                 self._register(member)
 
+    def build_records(self, members: Optional[Sequence[MountedShard]] = None) -> int:
+        """Write the lookup records of `members` (default: every served
+        shard that lacks one, `needs_record`) as one pack, opening each
+        shard in turn, and give them to the pool: from then on their
+        lookups need no open. Returns how many shards have a record now.
+        Raises OSError (the cache directory cannot take them: ENOSPC...);
+        a shard whose record cannot be made is logged and left out."""
+        if self.records is None:
+            return 0
+        todo = self.needs_record() if members is None else members
+        if todo:
+            self.records.add_shards(((m, m.shard) for m in todo), self.served())
+        self.reload_records()
+        return sum(1 for m in self.served() if m.record is not None)
+
     def needs_record(self) -> List[MountedShard]:
         """Served shards of a local file the pool has no lookup record of."""
         if self.records is None:

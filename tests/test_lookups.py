@@ -42,8 +42,7 @@ def shard_dir(tmp_path):
 def _open(shard_dir, tmp_path, build=True):
     shards = open_shard_set([], shard_dir=str(shard_dir), cache_dir=str(tmp_path / "cache"))
     if build:
-        shards.records.add_shards([(m, m.shard) for m in shards.needs_record()], shards.served())
-        shards.reload_records()
+        assert shards.build_records() == len(shards.served())
     _close_python_opens(shards)
     return shards
 

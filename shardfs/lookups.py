@@ -192,6 +192,8 @@ class LookupSet:
                         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                             raise  # the cache cannot take it: the caller says so
                         log.warning("%s: no lookup record (%s): its lookups open it", member.path, exc)
+                    except ValueError as exc:  # a kind with an index of its own (MOSAIC): none to make
+                        log.debug("%s: no lookup record (%s): its lookups open it", member.path, exc)
                     except Exception as exc:
                         log.warning("%s: no lookup record (%s): its lookups open it", member.path, exc)
                 if not written:

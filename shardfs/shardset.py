@@ -662,24 +662,26 @@ class ShardSet:
             self.mark_indexed(member)
         if self.hashes is not None:
             self.hashes.attach(member)
-        self._register(member)
+        self._register(member, joined=True)
         self.version += 1
         return member
 
-    def _register(self, member: MountedShard) -> None:
-        """Tell the pool where `member` opens, and its lookup record when
-        `lookups` has one standing for it as it is."""
+    def _register(self, member: MountedShard, joined: bool = False) -> None:
+        """Tell the pool where `member` opens (as it `joined` the set, or
+        again when the lookup records changed), and its lookup record when
+        `records` has one standing for it as it is."""
         if member.source is not None or member.removed or is_remote_source(member.path):
             return
         found = self.records.record(member) if self.records is not None else None
-        if found is not None and found[:2] == member.record:
-            return  # registered with that record already
+        where = (found[0], found[2]) if found is not None else None
+        if not joined and where == member.record:
+            return  # registered so already: re-registering would close what the pool has open of it
         kwargs = {}
         if found is not None:
             kwargs = dict(pack=found[1], record=found[2], stamp=lookups_mod.stamp(member), slots=member.slot_count)
         used = self.pool.register(member.number, member.path, tuple(member.ident[:2]), member.objects_count,
                                   member.extent, **kwargs)
-        member.record = (found[0], found[2]) if found is not None and used else None
+        member.record = where if used else None
 
     def reload_records(self, names: Optional[List[str]] = None) -> None:
         """Use the lookup packs `names` (default: the manifest's), and give

@@ -4,8 +4,8 @@ through a `--shard-dir` mount (issues 4 and 11).
 Objects: harness.dataset("tiny") (16..256 B), split by harness.split into
 N shards of consecutive objects. Quick: 100,000 objects as 1, 100 and
 1,000 shards, 50,000 keys per Python pass, 10,000 names per stat pass;
-full: 1,000,000 as 1, 1,000 and 10,000 shards (`--shards` for others,
-e.g. 100000), 200,000 keys, 50,000 names; 100,000 reads in both. Shard
+full: 1,000,000 as 1, 1,000, 10,000 and 100,000 shards (`--shards` for
+others), 200,000 keys, 50,000 names; 100,000 reads in both. Shard
 files are read into the page cache before each start or open: "cold"
 below means an empty sidecar and index cache, not dropped kernel caches.
 
@@ -75,7 +75,7 @@ import harness as h  # noqa: E402
 WORK = "/tmp/bench-shards"
 PLANS = {"quick": dict(objects=100_000, shards=[1, 100, 1000], keys=50_000, stats=10_000, reads=100_000,
                        budget=2.0),
-         "full": dict(objects=1_000_000, shards=[1, 1000, 10_000], keys=200_000, stats=50_000, reads=100_000,
+         "full": dict(objects=1_000_000, shards=[1, 1000, 10_000, 100_000], keys=200_000, stats=50_000, reads=100_000,
                       budget=5.0)}
 THREADS = 4
 CHECK = 2000

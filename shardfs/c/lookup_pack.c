@@ -142,14 +142,19 @@ int sfs_lookup_pack_add(sfs_lookup_pack_writer_t *w, const sfs_shard_t *s, const
         goto nomem;
     sfs_chd_t chd;
     char why[256];
-    if (sfs_source_read(s, fd, hash, dump, h->hash_position) != (ssize_t)dump) {
-        rc = sfs_fail(err, SFS_EIO, errno ? errno : EIO, "%s: reading the hash section: %s", path,
-                      strerror(errno ? errno : EIO));
+    errno = 0;
+    ssize_t got = sfs_source_read(s, fd, hash, dump, h->hash_position);
+    if (got != (ssize_t)dump) {
+        int e = got < 0 && errno ? errno : EIO; /* short: it shrank */
+        rc = sfs_fail(err, SFS_EIO, e, "%s: reading the hash section: %s", path, strerror(e));
         goto out;
     }
-    if (sfs_chd_parse(&chd, hash, dump, why, sizeof(why)) < 0 || chd.n != n) {
-        rc = sfs_fail(err, SFS_ECORRUPT, 0, "%s: %s", path,
-                      chd.n != n ? "the perfect hash's slot count differs from the index's" : why);
+    if (sfs_chd_parse(&chd, hash, dump, why, sizeof(why)) < 0) {
+        rc = sfs_fail(err, SFS_ECORRUPT, 0, "%s: %s", path, why);
+        goto out;
+    }
+    if (chd.n != n) {
+        rc = sfs_fail(err, SFS_ECORRUPT, 0, "%s: the perfect hash's slot count differs from the index's", path);
         goto out;
     }
     if (sfs_pwrite_all(w->fd, hash, pad8(dump), dump_at) < 0)

@@ -352,6 +352,28 @@ static void mark_used(struct entry *e)
         __atomic_store_n(&e->used, 1, __ATOMIC_RELAXED);
 }
 
+/* What an open of entry e checks, copied under its stripe lock. */
+struct opening {
+    char *source; /* malloc'ed: the caller frees it */
+    uint32_t gen;
+    int has_ident;
+    uint64_t dev, ino, objects, extent;
+};
+
+/* Copy into *o what opening entry e needs, unlock its stripe m, and
+ * reserve the room of one more open (closing others to make it). 0, or -1
+ * when out of memory (unlocked, nothing reserved). */
+static int begin_open(ll_pool_t *p, struct entry *e, pthread_mutex_t *m, struct opening *o)
+{
+    *o = (struct opening){strdup(e->source), e->gen, e->has_ident, e->dev, e->ino, e->objects, e->extent};
+    pthread_mutex_unlock(m);
+    if (!o->source)
+        return -1;
+    __atomic_add_fetch(&p->open, 1, __ATOMIC_RELAXED); /* its room, made before it opens */
+    make_room(p);
+    return 0;
+}
+
 sfs_shard_t *ll_pool_get(ll_pool_t *p, uint32_t number, int *status)
 {
     *status = SFS_ESTALE;
@@ -366,18 +388,15 @@ sfs_shard_t *ll_pool_get(ll_pool_t *p, uint32_t number, int *status)
         *status = SFS_OK;
         return s;
     }
-    char *source = strdup(e->source);
-    uint32_t gen = e->gen;
-    int has_ident = e->has_ident;
-    uint64_t dev = e->dev, ino = e->ino, objects = e->objects, extent = e->extent;
-    pthread_mutex_unlock(m);
-    if (!source) {
+    struct opening o;
+    if (begin_open(p, e, m, &o) < 0) {
         *status = SFS_ENOMEM;
         return NULL;
     }
-
-    __atomic_add_fetch(&p->open, 1, __ATOMIC_RELAXED); /* its room, made before it opens */
-    make_room(p);
+    char *source = o.source;
+    uint32_t gen = o.gen;
+    int has_ident = o.has_ident;
+    uint64_t dev = o.dev, ino = o.ino, objects = o.objects, extent = o.extent;
     sfs_shard_t *s = NULL, *spare = NULL, *out = NULL;
     sfs_error_t err;
     int rc = guarded_open(source, &s, &err);
@@ -501,27 +520,30 @@ static struct ll_fd *fd_get(ll_pool_t *p, uint32_t number, int *status)
         *status = SFS_OK;
         return h;
     }
-    char *source = strdup(e->source);
-    uint32_t gen = e->gen;
-    int has_ident = e->has_ident;
-    uint64_t dev = e->dev, ino = e->ino, extent = e->extent;
-    pthread_mutex_unlock(m);
+    struct opening o;
     struct ll_fd *h = malloc(sizeof(*h));
-    if (!source || !h) {
-        free(source);
+    if (!h) {
+        pthread_mutex_unlock(m);
+        *status = SFS_ENOMEM;
+        return NULL;
+    }
+    if (begin_open(p, e, m, &o) < 0) {
         free(h);
         *status = SFS_ENOMEM;
         return NULL;
     }
-    __atomic_add_fetch(&p->open, 1, __ATOMIC_RELAXED); /* its room, made before it opens */
-    make_room(p);
+    char *source = o.source;
+    uint32_t gen = o.gen;
+    int has_ident = o.has_ident;
+    uint64_t dev = o.dev, ino = o.ino, extent = o.extent;
     struct stat st;
     h->fd = open(source, O_RDONLY | O_CLOEXEC);
+    int open_errno = errno;
     h->refs = 2; /* the pool's, ours */
     free(source);
     int rc = SFS_OK;
     if (h->fd < 0)
-        rc = errno == ENOENT ? SFS_ESTALE : SFS_EIO; /* gone from under its name: removed */
+        rc = open_errno == ENOENT ? SFS_ESTALE : SFS_EIO; /* gone from under its name: removed */
     else if (fstat(h->fd, &st) < 0 || (has_ident && ((uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino)) ||
              (S_ISREG(st.st_mode) && (uint64_t)st.st_size < extent))
         rc = SFS_ESTALE; /* another file under its name, or it shrank */

@@ -466,12 +466,16 @@ def test_sidecars_built_then_reused(twenty, twenty_mnt, tmp_path):
     assert s["objects"] == 10000
     files = _sidecar_files(twenty.cache)
     assert len(files) == 20
-    # Nothing else left behind but the global index's directory, which
-    # holds only its levels, its manifest and its lock.
-    others = [n for n in os.listdir(twenty.cache) if n not in files]
-    assert all(n.startswith("index-") for n in others), others
+    # Nothing else left behind but the directories of the global index and
+    # of the lookup records, which hold only their levels or packs, their
+    # manifest and their lock.
+    assert wait_until(lambda: (stats(point)["records"] or {}).get("recorded_shards") == 20, 60), stats(point)
+    others = sorted(n for n in os.listdir(twenty.cache) if n not in files)
+    assert [n.split("-")[0] for n in others] == ["index", "lookup"], others
     for n in others:
-        assert all(f.endswith(".gidx") or f in ("MANIFEST", "LOCK") for f in os.listdir(twenty.cache / n))
+        kept = (".gidx" if n.startswith("index-") else ".lkp",)
+        assert all(f.endswith(kept) or f in ("MANIFEST", "LOCK") for f in os.listdir(twenty.cache / n))
+    packs = {f: os.stat(twenty.cache / others[1] / f).st_mtime_ns for f in os.listdir(twenty.cache / others[1])}
     # a remount reuses them: ready at once, no file rewritten
     run(SHARDFS + ["umount", point], check=True)
     assert not mounted(point)
@@ -482,6 +486,8 @@ def test_sidecars_built_then_reused(twenty, twenty_mnt, tmp_path):
     for key in _reuse_sample(twenty):
         assert (point / key).read_bytes() == twenty.objects[key]
     assert _sidecar_files(twenty.cache) == files
+    assert (stats(point)["records"] or {}).get("recorded_shards") == 20  # at once: the packs are reused
+    assert {f: os.stat(twenty.cache / others[1] / f).st_mtime_ns for f in os.listdir(twenty.cache / others[1])} == packs
 
 
 def test_absent_keys_cost_almost_no_probes(twenty, twenty_mnt):

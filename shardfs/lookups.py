@@ -51,6 +51,14 @@ def lookup_dir(cache_dir: str, scope: str) -> str:
     return os.path.join(cache_dir, f"lookup-{digest}")
 
 
+def recordable(member) -> bool:
+    """Whether `member` (a MountedShard) may have a record: a regular file
+    with an identity. Not a block device: written by another host (a
+    shared RBD image), its mtime and ctime do not move here, so a record
+    could not tell a takedown made there while no mount ran."""
+    return bool(member.identity) and not member.ident[2]
+
+
 def stamp(member) -> bytes:
     """The 32-byte stamp of a `shardfs.shardset.MountedShard` as it
     joined the set: SHA-256 of its identity, (st_dev, st_ino), object and
@@ -122,7 +130,7 @@ class LookupSet:
         """The record standing for `member` (a MountedShard) as it is now:
         (pack name, pack, byte offset), the newest pack's first; None when
         no pack has one made for its stamp."""
-        if not member.identity:
+        if not recordable(member):
             return None
         want = stamp(member)
         for name, pack in reversed(self.packs):
@@ -183,7 +191,7 @@ class LookupSet:
                         copied.add(member.identity)
                         written += 1
                 for member, shard in members:
-                    if not member.identity or member.identity in copied or self.record(member) is not None:
+                    if not recordable(member) or member.identity in copied or self.record(member) is not None:
                         continue
                     try:
                         writer.add(shard, member.identity, stamp(member))

@@ -713,7 +713,7 @@ class ShardSet:
         """Served shards of a local file the pool has no lookup record of."""
         if self.records is None:
             return []
-        return [m for m in self.served() if m.record is None and m.identity and m.source is None
+        return [m for m in self.served() if m.record is None and lookups_mod.recordable(m) and m.source is None
                 and not is_remote_source(m.path)]
 
     def remove(self, member: MountedShard) -> None:

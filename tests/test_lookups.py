@@ -164,3 +164,35 @@ def test_packs_past_the_limit_are_merged(shard_dir, tmp_path, monkeypatch):
     _close_python_opens(shards)
     _check_all(shards, contents, d)
     shards.close()
+
+
+def test_a_shard_on_a_block_device_gets_no_record(loop_device, tmp_path):
+    """A block device written by another host (a shared RBD image) shows
+    no new mtime or ctime here: a record stamped with them could not tell
+    a takedown made there while no mount ran, so a device shard has none
+    and its own index answers (here, after a delete made through this
+    host's device node)."""
+    from mounting import SHARDFS, run
+
+    files = tmp_path / "files"
+    files.mkdir()
+    objects = {}
+    for i, data in enumerate(objects_of(4_000, 20).values()):
+        (files / f"f{i}").write_bytes(data)
+        objects[sha(data)] = data
+    assert run(SHARDFS + ["create", "--force", loop_device, str(files)]).returncode == 0
+    cache = str(tmp_path / "cache")
+    shards = open_shard_set([loop_device], cache_dir=cache)
+    shards.build_records()
+    (member,) = shards.served()
+    assert member.record is None and not shards.needs_record()
+    shards.close()
+    gone = next(iter(objects))
+    assert shard_mod.delete(loop_device, [gone]) == 1
+    shards = open_shard_set([loop_device], cache_dir=cache)
+    shards.build_records()
+    _close_python_opens(shards)
+    assert shards.find(gone) is None
+    for key, data in list(objects.items())[1:]:
+        assert shards.find(key)[3] == len(data)
+    shards.close()

@@ -33,7 +33,9 @@ import hashlib
 import json
 import logging
 import os
+import stat as stat_mod
 import uuid
+import zlib
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from shardfs._shardfs import LookupPack, LookupPackWriter
@@ -126,6 +128,17 @@ class LookupSet:
             pack.close()
         self.packs = []
 
+    def locate(self, member) -> Optional[Tuple[str, LookupPack, int]]:
+        """The newest record of `member`'s identity (pack name, pack, byte
+        offset), not checked (`ShardPool.register` checks it), or None."""
+        if not recordable(member):
+            return None
+        for name, pack in reversed(self.packs):
+            at = pack.record(member.identity)
+            if at >= 0:
+                return name, pack, at
+        return None
+
     def record(self, member) -> Optional[Tuple[str, LookupPack, int]]:
         """The record standing for `member` (a MountedShard) as it is now:
         (pack name, pack, byte offset), the newest pack's first; None when
@@ -213,8 +226,107 @@ class LookupSet:
                 raise
             names = [n for n in names if n not in merged] + [name]
             write_manifest(self.directory, {"version": 1, "packs": names})
-            sweep_directory(self.directory, names)
+            sweep_directory(self.directory, names + [KNOWN])
             self.load(names)
             return names
         finally:
             os.close(fd)
+
+
+#: The file of `KnownShards`, in the pack directory.
+KNOWN = "SHARDS"
+
+
+class KnownShards:
+    """What a mount validated of each shard file, so that the next mount
+    of the same source need not open a file unchanged since (a warm
+    start): its path, the (device, inode, size, mtime in ns, ctime in ns)
+    it had, and what opening it gave (object and slot counts, extent in
+    bytes, identity). The ctime moves at every write and metadata change
+    and cannot be set back, so an equal stat is the same content.
+
+    One text file, ``SHARDS``, in the pack directory: a line per shard,
+    ``dev ino size mtime_ns ctime_ns objects slots extent identity_hex
+    crc32 path`` (the CRC-32 over the fields before it and the path; a
+    line that does not check out is ignored), written whole and renamed.
+    Regular files only (see `recordable`)."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, KNOWN)
+        #: path -> (stat key, (objects, slots, extent, identity))
+        self.entries: dict = {}
+        self.changed = False
+
+    @staticmethod
+    def _key(st: os.stat_result) -> Tuple[int, ...]:
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def load(self) -> None:
+        """Read the file (missing or unreadable: none known, logged)."""
+        self.entries = {}
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("%s: unreadable (%s): the shards are opened at start", self.path, exc)
+            return
+        for line in data.split(b"\n"):
+            fields = line.split(b" ", 10)
+            if len(fields) != 11:
+                continue
+            try:
+                values = [int(x) for x in fields[:8]]
+                identity = bytes.fromhex(fields[8].decode())
+                crc = int(fields[9])
+            except ValueError:
+                continue
+            if len(identity) != 32 or zlib.crc32(b" ".join(fields[:9] + fields[10:])) != crc:
+                continue
+            self.entries[os.fsdecode(fields[10])] = (tuple(values[:5]), (values[5], values[6], values[7], identity))
+
+    def match(self, path: str, st: os.stat_result) -> Optional[Tuple[int, int, int, bytes]]:
+        """(objects, slots, extent, identity) of the file at `path` as it
+        was validated, when `st` (its stat now) shows it unchanged; else
+        None."""
+        entry = self.entries.get(path)
+        if entry is None or entry[0] != self._key(st):
+            return None
+        return entry[1]
+
+    def remember(self, path: str, st: os.stat_result, objects: int, slots: int, extent: int,
+                 identity: bytes) -> None:
+        """The file at `path`, of stat `st` (taken on the open file), was
+        validated and gave these; a regular file with a one-line path."""
+        if not stat_mod.S_ISREG(st.st_mode) or "\n" in path or len(identity) != 32:
+            return
+        entry = (self._key(st), (objects, slots, extent, identity))
+        if self.entries.get(path) != entry:
+            self.entries[path] = entry
+            self.changed = True
+
+    def save(self, paths: Iterable[str]) -> None:
+        """Keep the entries of `paths` (the shards served), and write the
+        file when anything changed. Errors are logged (it is a cache)."""
+        keep = {p: self.entries[p] for p in paths if p in self.entries}
+        if not self.changed and len(keep) == len(self.entries):
+            return
+        self.entries, self.changed = keep, False
+        lines = []
+        for p, (key, (objects, slots, extent, identity)) in keep.items():
+            fields = [str(v).encode() for v in (*key, objects, slots, extent)] + [identity.hex().encode()]
+            name = os.fsencode(p)
+            lines.append(b" ".join(fields + [str(zlib.crc32(b" ".join(fields + [name]))).encode(), name]))
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        try:
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(b"\n".join(lines) + b"\n")
+            os.rename(tmp, self.path)
+        except OSError as exc:
+            log.warning("%s: cannot write it (%s): the next mount opens every shard", self.path, exc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

@@ -403,6 +403,10 @@ class ShardSet:
         #: when the mount keeps them: the pool answers a recorded shard's
         #: lookups without opening it.
         self.records = None
+        #: What earlier mounts validated of each shard file
+        #: (`shardfs.lookups.KnownShards`): an unchanged file joins the
+        #: set without being opened (`add`).
+        self.known = None
         #: Objects found by sha1 and sha1_git (`shardfs.hashes.HashSet`),
         #: when the set is asked to (a mount's ``-o hashes=``).
         self.hashes = None
@@ -612,6 +616,10 @@ class ShardSet:
         `set_sidecar` (or until the global index holds it). Raises what
         `open_candidate` raises.
         """
+        if shard is None and self.known is not None:
+            member = self._add_known(path, number)
+            if member is not None:
+                return member
         if shard is None:
             self.open_shards.make_room()
             shard = Shard(path)
@@ -622,6 +630,8 @@ class ShardSet:
         except BaseException:
             shard.close()
             raise
+        if self.known is not None and not is_remote_source(path) and shard.kind == "file":
+            self.known.remember(path, st, shard.header.objects_count, shard.slot_count, shard.extent, identity)
         if number is None:
             number = self._next_number
             while self.reserved(number):
@@ -645,6 +655,32 @@ class ShardSet:
             member.sidecar_dir = self.cache_dir  # loaded when a listing needs it
         log.debug("serving shard %s as number %d (%d objects%s)", path, number, member.objects_count,
                   ", indexed" if member.indexed else "" if member.filter is not None else ", sidecar pending")
+        return member
+
+    def _add_known(self, path: str, number: Optional[int]) -> Optional[MountedShard]:
+        """Serve the shard at `path` without opening it when `known` says
+        it was validated as it is now (same device, inode, size, mtime,
+        ctime) and the global index holds it; None otherwise (it is then
+        opened)."""
+        if is_remote_source(path):
+            return None
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        hit = self.known.match(path, st)
+        if hit is None or self.index is None or not self.index.covers(hit[3]):
+            return None
+        objects, slots, extent, identity = hit
+        if number is None:
+            number = self._next_number
+            while self.reserved(number):
+                number += 1
+        member = self._insert(MountedShard(number, path, file_ident(st), objects, slots, extent, st.st_mtime,
+                                           identity=identity))
+        if os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
+            member.sidecar_dir = self.cache_dir  # loaded when a listing needs it
+        log.debug("serving shard %s as number %d (%d objects, indexed, known unchanged)", path, number, objects)
         return member
 
     def add_entry(self, member: MountedShard) -> MountedShard:
@@ -672,7 +708,7 @@ class ShardSet:
         `records` has one standing for it as it is."""
         if member.source is not None or member.removed or is_remote_source(member.path):
             return
-        found = self.records.record(member) if self.records is not None else None
+        found = self.records.locate(member) if self.records is not None else None
         where = (found[0], found[2]) if found is not None else None
         if not joined and where == member.record:
             return  # registered so already: re-registering would close what the pool has open of it
@@ -1042,6 +1078,9 @@ def open_shard_set(shard_paths: Sequence[str], shard_dir: Optional[str] = None,
             except OSError as exc:
                 raise ShardError(f"shard directory {shard_dir}: {exc.strerror or exc}") from None
         _index_at_start(shards)
+        if shards.known is not None:  # for the next start; not needed after this one
+            shards.known.save(m.path for m in shards.served())
+            shards.known = None
     except BaseException:
         shards.close()
         raise
@@ -1073,7 +1112,7 @@ def use_global_index(shards: ShardSet, scope: str) -> None:
     cache directory cannot be used: logged), every shard is found through
     its own filter."""
     from shardfs.gindex import IndexSet, index_dir
-    from shardfs.lookups import LookupSet, lookup_dir
+    from shardfs.lookups import KnownShards, LookupSet, lookup_dir
 
     try:
         index = IndexSet(index_dir(shards.cache_dir, scope))
@@ -1089,3 +1128,6 @@ def use_global_index(shards: ShardSet, scope: str) -> None:
         log.warning("lookup records unavailable (%s): lookups open the shards", exc)
         return
     shards.records = lookups
+    known = KnownShards(lookups.directory)
+    known.load()
+    shards.known = known

@@ -196,3 +196,36 @@ def test_a_shard_on_a_block_device_gets_no_record(loop_device, tmp_path):
     for key, data in list(objects.items())[1:]:
         assert shards.find(key)[3] == len(data)
     shards.close()
+
+
+def test_a_warm_start_opens_no_unchanged_shard(shard_dir, tmp_path):
+    """A second open of the same directory takes each shard whose file is
+    unchanged (device, inode, size, mtime, ctime) from what the first
+    validated, without opening it; a file replaced or touched since, or
+    a damaged line of that cache, is opened and validated again."""
+    from shardfs.lookups import KNOWN
+
+    d, contents = shard_dir
+    _open(d, tmp_path).close()
+    warm = open_shard_set([], shard_dir=str(d), cache_dir=str(tmp_path / "cache"))
+    assert len(warm.open_shards) == 0 and all(m.indexed and m.record for m in warm.served())
+    _check_all(warm, contents, d)
+    warm.close()
+
+    # one replaced, one touched, one line of the cache damaged
+    replaced, touched, damaged = "s001.shard", "s002.shard", "s003.shard"
+    contents[replaced] = objects_of(9_001)
+    write(tmp_path / "new.shard", contents[replaced])
+    os.rename(tmp_path / "new.shard", d / replaced)
+    os.utime(d / touched)
+    known = next((tmp_path / "cache").glob("lookup-*")) / KNOWN
+    lines = known.read_bytes().split(b"\n")
+    (i,) = [j for j, line in enumerate(lines) if line.endswith(b"/" + damaged.encode())]
+    lines[i] = lines[i].replace(b" 5 ", b" 6 ", 1)  # a count changed: its CRC no longer holds
+    known.write_bytes(b"\n".join(lines))
+    again = open_shard_set([], shard_dir=str(d), cache_dir=str(tmp_path / "cache"))
+    opened = {os.path.basename(again.shards[n].path) for n in again.open_shards.items}
+    assert opened == {replaced, touched, damaged}, opened
+    assert again.by_path[str(d / replaced)].record is None  # a new file: its record is to be written
+    _check_all(again, contents, d)
+    again.close()

@@ -468,13 +468,14 @@ def test_sidecars_built_then_reused(twenty, twenty_mnt, tmp_path):
     assert len(files) == 20
     # Nothing else left behind but the directories of the global index and
     # of the lookup records, which hold only their levels or packs, their
-    # manifest and their lock.
+    # manifest and their lock (and, for the records, what the mount
+    # validated of each shard file: SHARDS).
     assert wait_until(lambda: (stats(point)["records"] or {}).get("recorded_shards") == 20, 60), stats(point)
     others = sorted(n for n in os.listdir(twenty.cache) if n not in files)
     assert [n.split("-")[0] for n in others] == ["index", "lookup"], others
     for n in others:
         kept = (".gidx" if n.startswith("index-") else ".lkp",)
-        assert all(f.endswith(kept) or f in ("MANIFEST", "LOCK") for f in os.listdir(twenty.cache / n))
+        assert all(f.endswith(kept) or f in ("MANIFEST", "LOCK", "SHARDS") for f in os.listdir(twenty.cache / n))
     packs = {f: os.stat(twenty.cache / others[1] / f).st_mtime_ns for f in os.listdir(twenty.cache / others[1])}
     # a remount reuses them: ready at once, no file rewritten
     run(SHARDFS + ["umount", point], check=True)

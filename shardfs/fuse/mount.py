@@ -297,6 +297,9 @@ def open_winery(dsn: str, pools_dir: Optional[str], cache_dir: Optional[str]) ->
     try:
         catalog = Catalog(Database(dsn, max_size=1, name="shardfs coordinator"), pools_dir)
         catalog.sync(shards)
+        if shards.known is not None:  # for the next start (see open_shard_set)
+            shards.known.save(m.path for m in shards.served())
+            shards.known = None
         # Its pool is made by each worker on first use (never across a fork).
         view = WineryView(Reader(shards, Database(dsn, max_size=2, name="shardfs worker")))
         view.reader.update(catalog.tables, catalog.hidden)

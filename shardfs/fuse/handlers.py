@@ -373,8 +373,9 @@ class ShardFS:
     def _open(self, number: int) -> int:
         """Open shard `number` in this process (within the set's bound on
         open shards), so that the resolver can ask it: 0, or the errno of
-        why it cannot be: ESTALE (unknown here, or replaced since it was
-        mounted), EIO (unreadable: logged once). Raises FUSEError(EIO) when
+        why it cannot be: ESTALE (unknown here, replaced since it was
+        mounted, or removed and its file gone), EIO (unreadable: logged
+        once). Raises FUSEError(EIO) when
         the process is out of descriptors or memory (a lookup must not
         pass such a shard over: the key would be answered absent)."""
         member = self.shards.get(number)
@@ -388,6 +389,8 @@ class ShardFS:
                 return errno.ESTALE
             if exc.errno in RESOURCE_ERRORS:  # logged; no reason to pass the shard over
                 raise FUSEError(errno.EIO) from None
+            if member.removed and exc.errno == errno.ENOENT:
+                return errno.ESTALE  # removed, and its file gone: the inode is stale, nothing is broken
             self.shards._open_failed(member, exc)
             return errno.EIO
         except ShardError as exc:

@@ -128,29 +128,29 @@ class LookupSet:
             pack.close()
         self.packs = []
 
-    def locate(self, member) -> Optional[Tuple[str, LookupPack, int]]:
-        """The newest record of `member`'s identity (pack name, pack, byte
-        offset), not checked (`ShardPool.register` checks it), or None."""
+    def _records(self, member) -> Iterable[Tuple[str, LookupPack, int]]:
+        """The records of `member`'s identity, newest pack first, as (pack
+        name, pack, byte offset), not checked; none for a shard that may
+        have none (`recordable`)."""
         if not recordable(member):
-            return None
+            return
         for name, pack in reversed(self.packs):
             at = pack.record(member.identity)
             if at >= 0:
-                return name, pack, at
-        return None
+                yield name, pack, at
+
+    def locate(self, member) -> Optional[Tuple[str, LookupPack, int]]:
+        """The newest record of `member`'s identity (pack name, pack, byte
+        offset), not checked (`ShardPool.register` checks it), or None."""
+        return next(iter(self._records(member)), None)
 
     def record(self, member) -> Optional[Tuple[str, LookupPack, int]]:
         """The record standing for `member` (a MountedShard) as it is now:
         (pack name, pack, byte offset), the newest pack's first; None when
         no pack has one made for its stamp."""
-        if not recordable(member):
-            return None
-        want = stamp(member)
-        for name, pack in reversed(self.packs):
-            at = pack.record(member.identity)
-            if at >= 0 and pack.check(at, want, member.slot_count) is None:
-                return name, pack, at
-        return None
+        want = stamp(member) if recordable(member) else b""
+        return next((found for found in self._records(member)
+                     if found[1].check(found[2], want, member.slot_count) is None), None)
 
     def delete(self, member, slots: Iterable[int] = (), keys: Iterable[bytes] = ()) -> None:
         """Empty in `member`'s records (every pack holding one) the

@@ -68,7 +68,7 @@ import socket
 import stat
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
 from shardfs import rbd
 from shardfs.shard import is_remote_source
@@ -1121,28 +1121,14 @@ class Coordinator:
                 worker_mod._die_with(self.pid, worker_mod.BUILDER_NAME)
                 os.close(self.session.fileno())
                 served = [m.identity for m in self.shards.served() if m.identity]
-                for batch in index_batches(unindexed):
-                    word = b"index"
-                    try:
-                        # Opened one at a time, as the index reads them.
-                        index.add_shards(((m.identity, m.shard) for m in batch), served)
-                    except Exception as exc:
-                        log.warning("cannot build the global index in %s: %s", index.directory, exc)
-                        word = b"index_failed"
-                    os.write(w, b"%s %d\n" % (word, len(batch)))
-                    if word == b"index_failed":
-                        break
+                # Shards opened one at a time, as the index and the records read them.
+                _build_batches(w, b"index", index_batches(unindexed), "build the global index in %s" % (
+                    index.directory if index is not None else None),
+                    lambda batch: index.add_shards(((m.identity, m.shard) for m in batch), served))
                 records = self.shards.records
-                for batch in record_batches(unrecorded):
-                    word = b"records"
-                    try:  # opened one at a time, as their records are written
-                        records.add_shards(((m, m.shard) for m in batch), self.shards.served())
-                    except Exception as exc:
-                        log.warning("cannot write lookup records in %s: %s", records.directory, exc)
-                        word = b"records_failed"
-                    os.write(w, b"%s %d\n" % (word, len(batch)))
-                    if word == b"records_failed":
-                        break
+                _build_batches(w, b"records", record_batches(unrecorded), "write lookup records in %s" % (
+                    records.directory if records is not None else None),
+                    lambda batch: records.add_shards(((m, m.shard) for m in batch), self.shards.served()))
                 for member in todo:
                     word = "failed"
                     try:
@@ -1265,6 +1251,23 @@ class Coordinator:
             self.state.close()
             self.state = None
         self.fs.close()
+
+
+def _build_batches(report_fd: int, word: bytes, batches: "Iterable[List[MountedShard]]", what: str,
+                   build: Callable[[List[MountedShard]], object]) -> None:
+    """In the builder: `build` each batch in turn, reporting "WORD N" (N
+    shards done) on `report_fd`, or, at the first that fails (logged:
+    "cannot WHAT"), "WORD_failed N" and stop."""
+    for batch in batches:
+        done = word
+        try:
+            build(batch)
+        except Exception as exc:
+            log.warning("cannot %s: %s", what, exc)
+            done = word + b"_failed"
+        os.write(report_fd, b"%s %d\n" % (done, len(batch)))
+        if done != word:
+            break
 
 
 def _build_hashes(member: MountedShard, names: Sequence[str], directory: str, report_fd: int) -> None:

@@ -101,16 +101,16 @@ def sweep_directory(directory: str, keep: Iterable[str]) -> None:
 
 
 class Level:
-    """One open level: its file `name`, the `GlobalIndex`, the position
-    of each identity in its shard table, and `numbers` (shard position ->
-    the mount's shard number, -1 when not attached)."""
+    """One open level: its file `name`, the `GlobalIndex` (whose
+    `position(identity)` gives a shard's position in its shard table) and
+    `numbers` (shard position -> the mount's shard number, -1 when not
+    attached)."""
 
-    __slots__ = ("name", "index", "positions", "numbers")
+    __slots__ = ("name", "index", "numbers")
 
     def __init__(self, name: str, index: GlobalIndex) -> None:
         self.name = name
         self.index = index
-        self.positions: Dict[bytes, int] = {ident: j for j, ident in enumerate(index.identities())}
         self.numbers = array("q", [-1]) * index.shard_count
 
 
@@ -185,8 +185,10 @@ class IndexSet:
             lv.index.close()
         self.levels = levels
         for lv in self.levels:
-            for ident, j in lv.positions.items():
-                lv.numbers[j] = self.attached.get(ident, -1)
+            for ident, number in self.attached.items():
+                j = lv.index.position(ident)
+                if j >= 0:
+                    lv.numbers[j] = number
         self.lookup_args = (tuple(lv.index for lv in levels), tuple(lv.numbers for lv in levels))
         return True
 
@@ -200,15 +202,15 @@ class IndexSet:
 
     def covers(self, identity: bytes) -> bool:
         """Whether a level holds the shard with `identity`."""
-        return any(identity in lv.positions for lv in self.levels)
+        return any(lv.index.position(identity) >= 0 for lv in self.levels)
 
     def attach(self, identity: bytes, number: int) -> bool:
         """Serve the shard `identity` as `number`; True if a level holds it."""
         self.attached[identity] = number
         found = False
         for lv in self.levels:
-            j = lv.positions.get(identity)
-            if j is not None:
+            j = lv.index.position(identity)
+            if j >= 0:
                 lv.numbers[j] = number
                 found = True
         return found
@@ -218,8 +220,8 @@ class IndexSet:
         for ident in [i for i, n in self.attached.items() if n == number]:
             del self.attached[ident]
             for lv in self.levels:
-                j = lv.positions.get(ident)
-                if j is not None:
+                j = lv.index.position(ident)
+                if j >= 0:
                     lv.numbers[j] = -1
 
     # ---------------------------------------------------------- building
@@ -275,7 +277,7 @@ class IndexSet:
             a, b = self.levels[-2], self.levels[-1]
             if a.index.count >= MERGE_FACTOR * b.index.count and a.index.count > 0:
                 break
-            keep = [[j for ident, j in lv.positions.items() if ident in served] for lv in (a, b)]
+            keep = [[j for j, ident in enumerate(lv.index.identities()) if ident in served] for lv in (a, b)]
             name = self._new_name()
             merge_global_index(os.path.join(self.directory, name), [a.index, b.index], keep)
             names = names[:-2] + [name]

@@ -28,6 +28,7 @@ still served are copied into one (their shards are not read again).
 
 from __future__ import annotations
 
+import bisect
 import errno
 import hashlib
 import json
@@ -36,7 +37,8 @@ import os
 import stat as stat_mod
 import uuid
 import zlib
-from typing import Iterable, List, Optional, Sequence, Tuple
+from array import array
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from shardfs._shardfs import LookupPack, LookupPackWriter
 from shardfs.gindex import MANIFEST, lock_directory, sweep_directory, write_manifest
@@ -248,14 +250,26 @@ class KnownShards:
     One text file, ``SHARDS``, in the pack directory: a line per shard,
     ``dev ino size mtime_ns ctime_ns objects slots extent identity_hex
     crc32 path`` (the CRC-32 over the fields before it and the path; a
-    line that does not check out is ignored), written whole and renamed.
-    Regular files only (see `recordable`)."""
+    line that does not check out is ignored), in the byte order of the
+    paths, written whole and renamed. Regular files only (see
+    `recordable`).
+
+    Memory: the file is kept as read (one buffer) with the byte offset of
+    each line; a line is parsed when `match` asks for its path (by
+    bisection, or at once when paths are asked in order, as a directory's
+    are), so that what a warm start of 100,000 shards keeps is what its
+    shards need, not a Python object per line of a file it drops once
+    started."""
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, KNOWN)
-        #: path -> (stat key, (objects, slots, extent, identity))
-        self.entries: dict = {}
-        self.changed = False
+        self._data = b""
+        #: Byte offsets of the lines of `_data`, in the order of their paths.
+        self._starts = array("Q")
+        #: Where the last `match` found its path + 1: the next is tried there first.
+        self._next = 0
+        #: path -> line (bytes, no newline) validated during this mount.
+        self._new: Dict[str, bytes] = {}
 
     @staticmethod
     def _key(st: os.stat_result) -> Tuple[int, ...]:
@@ -263,7 +277,7 @@ class KnownShards:
 
     def load(self) -> None:
         """Read the file (missing or unreadable: none known, logged)."""
-        self.entries = {}
+        self._data, self._starts, self._next = b"", array("Q"), 0
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
@@ -272,25 +286,68 @@ class KnownShards:
         except OSError as exc:
             log.warning("%s: unreadable (%s): the shards are opened at start", self.path, exc)
             return
-        for line in data.split(b"\n"):
-            fields = line.split(b" ", 10)
-            if len(fields) != 11:
-                continue
-            try:
-                values = [int(x) for x in fields[:8]]
-                identity = bytes.fromhex(fields[8].decode())
-                crc = int(fields[9])
-            except ValueError:
-                continue
-            if len(identity) != 32 or zlib.crc32(b" ".join(fields[:9] + fields[10:])) != crc:
-                continue
-            self.entries[os.fsdecode(fields[10])] = (tuple(values[:5]), (values[5], values[6], values[7], identity))
+        starts = array("Q")
+        ordered, last, pos = True, b"", 0
+        while pos < len(data):
+            end = data.find(b"\n", pos)
+            if end < 0:
+                end = len(data)
+            if end > pos:
+                name = self._path_at(data, pos, end)
+                ordered = ordered and last <= name
+                last = name
+                starts.append(pos)
+            pos = end + 1
+        if not ordered:  # written by an older shardfs, or edited
+            starts = array("Q", sorted(starts, key=lambda p: self._path_at(data, p)))
+        self._data, self._starts = data, starts
+
+    @staticmethod
+    def _path_at(data: bytes, start: int, end: int = -1) -> bytes:
+        """The path field of the line at byte `start` (b"" if it has none)."""
+        if end < 0:
+            end = data.find(b"\n", start)
+            end = len(data) if end < 0 else end
+        fields = data[start:end].split(b" ", 10)
+        return fields[10] if len(fields) == 11 else b""
+
+    def _line_of(self, name: bytes) -> Optional[bytes]:
+        """The line (no newline) of the file for path `name`, or None."""
+        data, starts = self._data, self._starts
+        i = self._next
+        if not (i < len(starts) and self._path_at(data, starts[i]) == name):
+            i = bisect.bisect_left(starts, name, key=lambda p: self._path_at(data, p))
+            if not (i < len(starts) and self._path_at(data, starts[i]) == name):
+                return None
+        self._next = i + 1
+        end = data.find(b"\n", starts[i])
+        return data[starts[i]:end if end >= 0 else len(data)]
+
+    @staticmethod
+    def _parse(line: bytes) -> Optional[Tuple[Tuple[int, ...], Tuple[int, int, int, bytes]]]:
+        """(stat key, (objects, slots, extent, identity)) of a line that
+        checks out, else None."""
+        fields = line.split(b" ", 10)
+        if len(fields) != 11:
+            return None
+        try:
+            values = [int(x) for x in fields[:8]]
+            identity = bytes.fromhex(fields[8].decode())
+            crc = int(fields[9])
+        except ValueError:
+            return None
+        if len(identity) != 32 or zlib.crc32(b" ".join(fields[:9] + fields[10:])) != crc:
+            return None
+        return tuple(values[:5]), (values[5], values[6], values[7], identity)
 
     def match(self, path: str, st: os.stat_result) -> Optional[Tuple[int, int, int, bytes]]:
         """(objects, slots, extent, identity) of the file at `path` as it
         was validated, when `st` (its stat now) shows it unchanged; else
         None."""
-        entry = self.entries.get(path)
+        line = self._new.get(path)
+        if line is None:
+            line = self._line_of(os.fsencode(path))
+        entry = None if line is None else self._parse(line)
         if entry is None or entry[0] != self._key(st):
             return None
         return entry[1]
@@ -301,23 +358,23 @@ class KnownShards:
         validated and gave these; a regular file with a one-line path."""
         if not stat_mod.S_ISREG(st.st_mode) or "\n" in path or len(identity) != 32:
             return
-        entry = (self._key(st), (objects, slots, extent, identity))
-        if self.entries.get(path) != entry:
-            self.entries[path] = entry
-            self.changed = True
+        fields = [str(v).encode() for v in (*self._key(st), objects, slots, extent)] + [identity.hex().encode()]
+        name = os.fsencode(path)
+        self._new[path] = b" ".join(fields + [str(zlib.crc32(b" ".join(fields + [name]))).encode(), name])
 
     def save(self, paths: Iterable[str]) -> None:
-        """Keep the entries of `paths` (the shards served), and write the
+        """Keep the lines of `paths` (the shards served), and write the
         file when anything changed. Errors are logged (it is a cache)."""
-        keep = {p: self.entries[p] for p in paths if p in self.entries}
-        if not self.changed and len(keep) == len(self.entries):
-            return
-        self.entries, self.changed = keep, False
         lines = []
-        for p, (key, (objects, slots, extent, identity)) in keep.items():
-            fields = [str(v).encode() for v in (*key, objects, slots, extent)] + [identity.hex().encode()]
-            name = os.fsencode(p)
-            lines.append(b" ".join(fields + [str(zlib.crc32(b" ".join(fields + [name]))).encode(), name]))
+        for p in paths:
+            line = self._new.get(p)
+            if line is None:
+                line = self._line_of(os.fsencode(p))
+            if line is not None:
+                lines.append(line)
+        if not self._new and len(lines) == len(self._starts):
+            return  # the same lines (a path is served once)
+        lines.sort(key=lambda line: self._path_at(line, 0, len(line)))
         tmp = f"{self.path}.tmp-{os.getpid()}"
         try:
             os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
@@ -330,3 +387,9 @@ class KnownShards:
                 os.unlink(tmp)
             except OSError:
                 pass
+        self._data, self._new, self._next = b"\n".join(lines), {}, 0
+        self._starts = array("Q")
+        pos = 0
+        for line in lines:
+            self._starts.append(pos)
+            pos += len(line) + 1

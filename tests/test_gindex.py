@@ -91,6 +91,11 @@ def test_level_over_50_shards(fifty, tmp_path):
         assert g.shard_count == 50
         assert g.identities() == idents
         assert g.identity(49) == idents[49]
+        assert [g.position(i) for i in idents] == list(range(50))
+        assert g.position(bytearray(idents[7])) == 7
+        assert g.position(sha(b"no such shard")) == -1
+        with pytest.raises(ValueError):
+            g.position(idents[0][:31])
         # 64 entries per bucket at most, on average
         assert 2 ** g.bucket_bits >= g.count / 64 and (g.bucket_bits == 0 or
                                                       2 ** (g.bucket_bits - 1) < g.count / 64)
@@ -174,6 +179,7 @@ def test_merge_with_a_removed_shard(fifty, tmp_path):
     merge_global_index(tmp_path / "empty.gidx", [])
     with GlobalIndex(tmp_path / "empty.gidx") as empty:
         assert empty.count == 0 and empty.shard_count == 0 and empty.identities() == []
+        assert empty.position(idents[0]) == -1
         assert empty.lookup(keys[0][0]) == []
 
 

@@ -44,6 +44,8 @@ static int GlobalIndex_init(GlobalIndex *self, PyObject *args, PyObject *kwds)
     table_changed(); /* the next request snapshot takes the new level */
     sfs_gindex_t *was = self->g;
     self->g = g;
+    PyMem_Free(self->positions);
+    self->positions = NULL;
     self->closed = 0;
     sfs_gindex_close(was);
     return 0;
@@ -51,6 +53,7 @@ static int GlobalIndex_init(GlobalIndex *self, PyObject *args, PyObject *kwds)
 
 static void GlobalIndex_dealloc(GlobalIndex *self)
 {
+    PyMem_Free(self->positions);
     sfs_gindex_close(self->g);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -175,6 +178,80 @@ static PyObject *GlobalIndex_identities(GlobalIndex *self, PyObject *unused)
     return list;
 }
 
+/* The slot of `id` in the position table: identities are SHA-256 digests,
+ * so their first 8 bytes are a uniform hash. */
+static uint64_t position_home(const uint8_t *id, uint64_t mask)
+{
+    uint64_t h;
+    memcpy(&h, id, sizeof(h));
+    return h & mask;
+}
+
+/* Fill self->positions: 4 bytes per slot, at least twice as many slots as
+ * shards (0.5 MiB per 65,536 shards). 0, or -1 with an exception set. */
+static int build_positions(GlobalIndex *self)
+{
+    uint64_t s = sfs_gindex_shard_count(self->g), slots = 16;
+    while (slots < 2 * s)
+        slots <<= 1;
+    uint32_t *t = PyMem_Calloc(slots, sizeof(uint32_t));
+    if (!t) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = SFS_OK;
+    uint64_t mask = slots - 1;
+    SFS_GUARDED(rc = SFS_EGONE, for (uint64_t j = 0; j < s; j++) {
+        const uint8_t *id = sfs_gindex_identity(self->g, j);
+        uint64_t i = position_home(id, mask);
+        while (t[i] && memcmp(sfs_gindex_identity(self->g, t[i] - 1), id, SFS_GINDEX_IDENTITY_SIZE))
+            i = (i + 1) & mask;
+        if (!t[i])
+            t[i] = (uint32_t)(j + 1); /* an identity twice keeps its first position */
+    });
+    if (rc == SFS_EGONE) {
+        PyMem_Free(t);
+        gone(sfs_gindex_path(self->g));
+        return -1;
+    }
+    self->positions = t;
+    self->position_mask = mask;
+    return 0;
+}
+
+/* position(identity32) -> j, or -1 when the shard table lacks it. */
+static PyObject *GlobalIndex_position(GlobalIndex *self, PyObject *arg)
+{
+    if (!gindex_ready(self))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (b.len != SFS_GINDEX_IDENTITY_SIZE) {
+        PyBuffer_Release(&b);
+        return PyErr_Format(PyExc_ValueError, "an identity is %d bytes, not %zd", SFS_GINDEX_IDENTITY_SIZE,
+                            b.len);
+    }
+    uint8_t id[SFS_GINDEX_IDENTITY_SIZE];
+    memcpy(id, b.buf, sizeof(id));
+    PyBuffer_Release(&b);
+    if (!self->positions && build_positions(self) < 0)
+        return NULL;
+    long found = -1;
+    int rc = SFS_OK;
+    const uint32_t *t = self->positions;
+    uint64_t mask = self->position_mask;
+    SFS_GUARDED(rc = SFS_EGONE, for (uint64_t i = position_home(id, mask); t[i]; i = (i + 1) & mask) {
+        if (!memcmp(sfs_gindex_identity(self->g, t[i] - 1), id, SFS_GINDEX_IDENTITY_SIZE)) {
+            found = (long)t[i] - 1;
+            break;
+        }
+    });
+    if (rc == SFS_EGONE)
+        return gone(sfs_gindex_path(self->g));
+    return PyLong_FromLong(found);
+}
+
 static PyObject *GlobalIndex_count(GlobalIndex *self, void *closure)
 {
     if (!gindex_ready(self))
@@ -210,6 +287,10 @@ static PyMethodDef GlobalIndex_methods[] = {
      "[0, shard_count)."},
     {"identities", (PyCFunction)GlobalIndex_identities, METH_NOARGS,
      "identities() -> [identity32, ...] by shard index."},
+    {"position", (PyCFunction)GlobalIndex_position, METH_O,
+     "position(identity32) -> the shard index of that identity (the first, if it is there twice), "
+     "or -1 when the shard table lacks it. The first call builds a table of 8 bytes per shard "
+     "(kept until the level is closed); then one hash probe. ValueError unless 32 bytes."},
     {"close", (PyCFunction)GlobalIndex_close, METH_NOARGS,
      "Unmap and close the file (at once, or when the merges reading it end)."},
     {"__enter__", (PyCFunction)GlobalIndex_enter, METH_NOARGS, NULL},

@@ -224,6 +224,9 @@ typedef struct {
     sfs_gindex_t *g;
     Py_ssize_t users; /* merges running over it (GIL released) */
     int closed;       /* close() called; the level stays open while users > 0 */
+    uint32_t *positions; /* position(): open addressing over the shard table, slots hold j + 1
+                          * (0: empty); built at the first call, PyMem */
+    uint64_t position_mask; /* slots - 1 */
 } GlobalIndex;
 
 static inline int gindex_ready(GlobalIndex *self)

@@ -124,7 +124,9 @@ static ll_snapshot_t *fast_begin(struct ll_fast *f)
     if (!f)
         return NULL;
     ll_snapshot_t *snap = ll_snapshot_acquire(&f->current);
-    if (snap && (!f->seq || __atomic_load_n(f->seq, __ATOMIC_ACQUIRE) == snap->applied))
+    /* `applied` is ahead of the sequence only while a new mount's first
+     * table is written: the workers were forked with its shard set. */
+    if (snap && (!f->seq || __atomic_load_n(f->seq, __ATOMIC_ACQUIRE) <= snap->applied))
         return snap;
     ll_snapshot_release(snap);
     return NULL;

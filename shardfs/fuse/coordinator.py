@@ -284,19 +284,27 @@ class Coordinator:
             self.shards.in_use = self.open_files.in_use
             log.info("mounted %s", self.description)
             self.state = SharedState(self.nworkers)
-            self._publish()
+            # The first table (100,000 shards: a second to write) is
+            # written once the mount answers: the workers are forked with
+            # the set it describes, so they serve meanwhile. A winery
+            # mount's workers read its catalog from it: written first.
+            later = self.catalog is None
+            if not later:
+                self._publish()
             self._install_signals()
             self._watch_files()
             self._listen_control()
             if self.on_ready is not None:
                 self.on_ready()
-            published = self.state.words[SEQ]  # what the set is now: the workers start from it
+            published = self.state.words[SEQ] + (2 if later else 0)  # the workers start from that table
             for position in range(self.nworkers):
                 self._spawn(position, published)
             if not self._answers():
                 self.report("error: the new mount does not answer")
                 return 1
             self.report("ok")
+            if later:
+                self._publish()
             log.info("serving %s with %d worker(s)", self.mountpoint, self.nworkers)
             status = self._loop()
         except BaseException as exc:

@@ -87,7 +87,7 @@ class WorkerHooks(RequestHooks):
         # writer, so a plain += loses nothing.
         words = self.words
         words[self.row + PYTHON + _PYTHON_INDEX.get(kind, _PYTHON_OTHER)] += 1
-        if words[SEQ] != self.seen:
+        if words[SEQ] > self.seen:  # below it: the first table is still being written (`run`)
             self.sync()
 
     def end(self) -> None:
@@ -137,7 +137,7 @@ class WorkerHooks(RequestHooks):
         import time
 
         deadline = time.monotonic() + timeout
-        while self.words[SEQ] == self.seen:
+        while self.words[SEQ] <= self.seen:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
@@ -235,7 +235,10 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
     0 when the session ended, 1 on error). `session` is the mount's
     `shardfs._shardfs.Session`; `threads` the most threads serving;
     `published` the sequence of the table the forked shard set matches
-    (`Coordinator._spawn`), -1 when unknown."""
+    (`Coordinator._spawn`), -1 when unknown; it may be ahead of the
+    published sequence (a new mount writes its first table once the
+    workers serve): the worker then waits for nothing, its set is that
+    table's."""
     status = 1
     try:
         _die_with(coordinator, WORKER_NAME)
@@ -259,7 +262,7 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
         hooks.start()
         if fs.winery is None and published >= 0:
             hooks.seen = published  # forked with the set of that table: only what changed since is read
-        if hooks.words[SEQ] != hooks.seen:
+        if hooks.words[SEQ] > hooks.seen:
             hooks.sync()
         log.debug("worker %d (position %d) serving with up to %d threads", os.getpid(), position, threads)
         row = state.row(position)

@@ -643,6 +643,19 @@ class ShardSet:
                 self._start_objects + member.slot_count <= START_INDEX_SLOTS:
             runs.append((identity, key_prefixes(shard)))  # while it is open (open_shard_set)
             self._start_objects += member.slot_count
+            if sidecar is None:
+                # Indexed before the mount answers: found through the index,
+                # it needs no filter; its sidecar serves listings (loaded
+                # then, as for an indexed shard; else the builder makes it).
+                # Not kept open either: a mount opening 100,000 shards would
+                # close all but the last few thousand again (the pool opens
+                # what lookups need).
+                shard.close()
+                if os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
+                    member.sidecar_dir = self.cache_dir
+                log.debug("serving shard %s as number %d (%d objects, indexed at start)", path, number,
+                          member.objects_count)
+                return member
         self._keep_open(member, shard)
         if sidecar is not None:
             self.set_sidecar(member, sidecar, sidecar_dir or self.cache_dir)
@@ -664,14 +677,10 @@ class ShardSet:
         opened)."""
         if is_remote_source(path):
             return None
-        try:
-            st = os.stat(path)
-        except OSError:
+        found = self.known.match(path)
+        if found is None or self.index is None or not self.index.covers(found[1][3]):
             return None
-        hit = self.known.match(path, st)
-        if hit is None or self.index is None or not self.index.covers(hit[3]):
-            return None
-        objects, slots, extent, identity = hit
+        st, (objects, slots, extent, identity) = found
         if number is None:
             number = self._next_number
             while self.reserved(number):

@@ -635,7 +635,11 @@ class Coordinator:
         invalidated = 0
         if members and self.shards.records is not None:
             for member in members:  # before the kernel forgets: its next lookup must not find them
-                self.shards.records.delete(member, keys=keys)
+                # only what the file no longer holds: a key told of but live
+                # (a request for a key another shard held) stays found
+                gone = [key for key in keys if key not in member.shard]
+                if gone:
+                    self.shards.records.delete(member, keys=gone)
         if members:
             for key in keys:
                 name = key.hex().encode("ascii")

@@ -134,7 +134,7 @@ class LookupSet:
         """The records of `member`'s identity, newest pack first, as (pack
         name, pack, byte offset), not checked; none for a shard that may
         have none (`recordable`)."""
-        if not recordable(member):
+        if not self.packs or not recordable(member):
             return
         for name, pack in reversed(self.packs):
             at = pack.record(member.identity)
@@ -340,17 +340,21 @@ class KnownShards:
             return None
         return tuple(values[:5]), (values[5], values[6], values[7], identity)
 
-    def match(self, path: str, st: os.stat_result) -> Optional[Tuple[int, int, int, bytes]]:
-        """(objects, slots, extent, identity) of the file at `path` as it
-        was validated, when `st` (its stat now) shows it unchanged; else
-        None."""
+    def match(self, path: str) -> Optional[Tuple[os.stat_result, Tuple[int, int, int, bytes]]]:
+        """(its stat now, (objects, slots, extent, identity)) of the file
+        at `path` as it was validated, when its stat shows it unchanged;
+        else None (a path it does not know is not stat'ed)."""
         line = self._new.get(path)
         if line is None:
             line = self._line_of(os.fsencode(path))
         entry = None if line is None else self._parse(line)
-        if entry is None or entry[0] != self._key(st):
+        if entry is None:
             return None
-        return entry[1]
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st, entry[1]) if entry[0] == self._key(st) else None
 
     def remember(self, path: str, st: os.stat_result, objects: int, slots: int, extent: int,
                  identity: bytes) -> None:

@@ -82,7 +82,10 @@ def normalize_key(key: Key) -> bytes:
 def is_remote_source(path: object) -> bool:
     """Whether `path` names a shard read over a network (``rbd:POOL/IMAGE``,
     ``s3://BUCKET/KEY``) rather than a file or block device."""
-    return rbd.is_source(path) or s3.is_source(path)
+    return isinstance(path, str) and path.startswith(_REMOTE_PREFIXES)
+
+
+_REMOTE_PREFIXES = (rbd.PREFIX, s3.PREFIX)
 
 
 class Shard:

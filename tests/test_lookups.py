@@ -7,6 +7,7 @@ MAX_PACKS are merged."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -198,7 +199,7 @@ def test_a_shard_on_a_block_device_gets_no_record(loop_device, tmp_path):
     shards.close()
 
 
-def test_a_warm_start_opens_no_unchanged_shard(shard_dir, tmp_path):
+def test_a_warm_start_opens_no_unchanged_shard(shard_dir, tmp_path, caplog):
     """A second open of the same directory takes each shard whose file is
     unchanged (device, inode, size, mtime, ctime) from what the first
     validated, without opening it; a file replaced or touched since, or
@@ -231,8 +232,13 @@ def test_a_warm_start_opens_no_unchanged_shard(shard_dir, tmp_path):
     (i,) = [j for j, line in enumerate(lines) if line.endswith(b"/" + damaged.encode())]
     lines[i] = lines[i].replace(b" 5 ", b" 6 ", 1)  # a count changed: its CRC no longer holds
     known.write_bytes(b"\n".join(lines))
+    caplog.set_level(logging.DEBUG, logger="shardfs")
+    caplog.clear()
     again = open_shard_set([], shard_dir=str(d), cache_dir=str(tmp_path / "cache"))
-    opened = {os.path.basename(again.shards[n].path) for n in again.open_shards.items}
+    # each shard says how it joined: those not opened, "known unchanged"
+    joined = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving shard ")]
+    assert len(joined) == len(contents)
+    opened = {os.path.basename(m.split()[2]) for m in joined if "known unchanged" not in m}
     assert opened == {replaced, touched, damaged}, opened
     assert again.by_path[str(d / replaced)].record is None  # a new file: its record is to be written
     _check_all(again, contents, d)

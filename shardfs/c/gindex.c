@@ -174,14 +174,14 @@ int sfs_shard_key_prefixes(const sfs_shard_t *shard, uint64_t **out, size_t *n,
     uint8_t *buf = NULL;
     int rc;
 
-    int fd;
-    if ((rc = sfs_reopen_for_index(shard, &fd, err)) != SFS_OK)
+    int fd, owned;
+    if ((rc = sfs_index_fd(shard, &fd, &owned, err)) != SFS_OK)
         return rc;
 
     /* slots <= size / 40 (checked by sfs_open): the array fits in memory
      * whenever the index does */
     vals = malloc((slots ? slots : 1) * sizeof(uint64_t));
-    buf = malloc((size_t)INDEX_CHUNK * SFS_SLOT_SIZE);
+    buf = malloc((size_t)(slots && slots < INDEX_CHUNK ? slots : INDEX_CHUNK) * SFS_SLOT_SIZE);
     if (!vals || !buf)
         goto nomem;
     size_t m = 0;
@@ -205,7 +205,8 @@ int sfs_shard_key_prefixes(const sfs_shard_t *shard, uint64_t **out, size_t *n,
     }
     free(buf);
     buf = NULL;
-    close(fd);
+    if (owned)
+        close(fd);
     fd = -1;
 
     tmp = malloc((m ? m : 1) * sizeof(uint64_t));
@@ -230,7 +231,7 @@ nomem:
     rc = sfs_fail(err, SFS_ENOMEM, ENOMEM, "%s: out of memory reading the keys of the index",
                   path);
 done:
-    if (fd >= 0)
+    if (fd >= 0 && owned)
         close(fd);
     free(buf);
     free(tmp);

@@ -101,6 +101,16 @@ int sfs_pread_full(int fd, void *buf, size_t len, uint64_t offset);
  * the system's; nothing left open on error. */
 int sfs_reopen_for_index(const sfs_shard_t *shard, int *fd, sfs_error_t *err);
 
+/* A descriptor to read the index of `shard` with sfs_index_read: for an
+ * index of at most SFS_SMALL_INDEX bytes in the shard's own file (no
+ * slot_entry kind), the shard's own descriptor (*owned = 0: not to be
+ * closed; one pread reads it all, no read-ahead to ask for, and a file
+ * shrunk since gives a short read), else sfs_reopen_for_index's (*owned =
+ * 1). A mount opening 100,000 small shards at start saves an open of
+ * /proc/self/fd/N and a check per shard. Errors as sfs_reopen_for_index. */
+#define SFS_SMALL_INDEX (64u * 1024u)
+int sfs_index_fd(const sfs_shard_t *shard, int *fd, int *owned, sfs_error_t *err);
+
 /* Slots [first, first + count) of the shard's index, 40 bytes each as a
  * Read Shard stores them (key, then the size field's offset, big-endian;
  * SFS_EMPTY_OFFSET for an empty slot), into buf: read with pread from

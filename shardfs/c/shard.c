@@ -718,6 +718,17 @@ fail:
     return rc;
 }
 
+int sfs_index_fd(const sfs_shard_t *s, int *fd, int *owned, sfs_error_t *err)
+{
+    if (!s->kind->slot_entry && sfs_slot_count(s) * SFS_SLOT_SIZE <= SFS_SMALL_INDEX) {
+        *fd = s->fd;
+        *owned = 0;
+        return SFS_OK;
+    }
+    *owned = 1;
+    return sfs_reopen_for_index(s, fd, err);
+}
+
 int sfs_index_read(const sfs_shard_t *s, int fd, uint64_t first, uint64_t count, uint8_t *buf)
 {
     if (!s->kind->slot_entry)

@@ -890,6 +890,85 @@ def cmd_umount(args: argparse.Namespace) -> int:
     return fuse_mount.umount(args.mountpoint)
 
 
+def _build_progress(st: dict) -> Tuple[int, int]:
+    """(done, total) of what a mount builds in the background for its
+    shards (`shardfs.fuse.mount.status`): a place in the global index and
+    a lookup record each (sidecars serve listings only: not counted)."""
+    shards = st.get("shards", 0)
+    done = total = 0
+    if st.get("index") is not None:
+        done += min(st["index"].get("indexed_shards", 0), shards)
+        total += shards
+    records = st.get("records")
+    if records is not None:
+        done += records.get("recorded_shards", 0)
+        total += records.get("recorded_shards", 0) + records.get("pending_shards", 0)
+    return done, total
+
+
+def _format_status(st: dict) -> str:
+    """`shardfs status`'s lines for a mount's status dict."""
+    n = st.get("shards", 0)
+    lines = [("mount point", st["mountpoint"]), ("source", st.get("source") or "?"),
+             ("shards", f"{n:,} ({st.get('objects', 0):,} objects)")]
+    index = st.get("index")
+    if index is not None:
+        levels = index.get("levels", [])
+        lines.append(("global index", f"{min(index.get('indexed_shards', 0), n):,} of {n:,} shards indexed "
+                                      f"({len(levels)} level(s), {sum(levels):,} entries)"))
+    else:
+        lines.append(("global index", "none (every shard found through its own sidecar)"))
+    records = st.get("records")
+    if records is not None:
+        recorded, pending = records.get("recorded_shards", 0), records.get("pending_shards", 0)
+        lines.append(("lookup records", f"{recorded:,} shards, {pending:,} to write "
+                                        f"({records.get('packs', 0)} pack(s))"))
+    lines.append(("sidecars", f"{st.get('sidecars', 0):,} of {n:,} shards"))
+    workers = st.get("workers") or []
+    lines.append(("workers", f"{len(workers)}, requests served: " + ", ".join(f"{w:,}" for w in workers)))
+    python = st.get("python") or {}
+    lines.append(("lookups", f"{st.get('lookups', 0):,} ({st.get('index_probes', 0):,} index probes); "
+                             f"{sum(python.values()):,} requests reached Python"))
+    pool = st.get("pool")
+    if pool:
+        lines.append(("open shards", f"{pool.get('open', 0):,} of {pool.get('bound', 0):,} in the answering "
+                                     f"worker ({pool.get('opens', 0):,} opens, {pool.get('evictions', 0):,} "
+                                     f"evictions)"))
+    done, total = _build_progress(st)
+    lines.append(("background build", "complete" if done >= total else f"{done:,} of {total:,} steps done"))
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Show what a mount serves and how far its background build is."""
+    import json
+
+    from shardfs.fuse import mount as fuse_mount
+
+    st = fuse_mount.status(args.mountpoint)
+    if args.wait:
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        done, total = _build_progress(st)
+        with _progress_bar(total=total, initial=done, unit="step", desc="background build",
+                           leave=False) as bar:
+            while done < total:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise Failure(f"{args.mountpoint}: background build not complete after {args.timeout:g} s "
+                                  f"({done:,} of {total:,} steps done)")
+                time.sleep(0.5)
+                st = fuse_mount.status(args.mountpoint)
+                done, total = _build_progress(st)
+                if getattr(bar, "total", None) != total and hasattr(bar, "total"):
+                    bar.total = total
+                bar.update(done - bar.n)
+    if args.json:
+        print(json.dumps(st, sort_keys=True))
+    else:
+        print(_format_status(st))
+    return 0
+
+
 # --------------------------------------------------------------------- parser
 
 
@@ -1293,6 +1372,28 @@ def _add_umount_parser(command) -> None:
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
 
 
+def _add_status_parser(command) -> None:
+    """``shardfs status``: `command(func, help, description, examples)` adds it."""
+    p = command(
+        cmd_status,
+        "show what a mount serves and how far its background build is",
+        "Show what the shardfs mount at MOUNTPOINT serves (shards, objects, workers, the\n"
+        "requests they served) and how far its background build is: shards in the global\n"
+        "index and shards with a lookup record (what makes a lookup need no open shard).\n"
+        "Read from the mount itself (its root's user.shardfs.stats attribute); the\n"
+        "open-shard figures are those of the worker that answered.",
+        "  shardfs status /mnt/archive\n"
+        "  shardfs status --wait /mnt/archive     # a progress bar until the build is complete\n"
+        "  shardfs status --json /mnt/archive | jq .records\n",
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    p.add_argument("--wait", action="store_true",
+                   help="wait until the background build is complete (a progress bar on a terminal)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="with --wait: fail (exit 1) if it is not complete after SECONDS")
+
+
 #: The commands, in the order ``shardfs --help`` lists them (anything
 #: else first is a mount helper call), and the function that adds each
 #: one's parser.
@@ -1300,7 +1401,7 @@ _COMMAND_PARSERS = {
     "create": _add_create_parser, "info": _add_info_parser, "ls": _add_ls_parser,
     "get": _add_get_parser, "index": _add_index_parser, "check": _add_check_parser,
     "delete": _add_delete_parser,
-    "mount": _add_mount_parser, "umount": _add_umount_parser,
+    "mount": _add_mount_parser, "umount": _add_umount_parser, "status": _add_status_parser,
 }
 COMMANDS = tuple(_COMMAND_PARSERS)
 

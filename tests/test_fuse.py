@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import errno
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -37,6 +38,7 @@ from mounting import (
     worker_pids,
     gone,
     key_of,
+    make_blobs,
     mount_info,
     mount_fails,
     mounted,
@@ -746,6 +748,45 @@ def test_umount_command(corpus, mounter, tmp_path):
     assert not mounted(point)
     assert os.listdir(point) == []
     assert wait_until(lambda: all(gone(p) for p in pids)), "a mount process is still running"
+
+
+def test_status_command(mounter, tmp_path):
+    """``shardfs status`` tells what a mount serves and how far its
+    background build is; --wait returns once every shard is in the global
+    index and has a lookup record; errors are one line with status 1."""
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    objects = {}
+    for i in range(12):
+        objects.update(build_shard(shard_dir / f"{i:02}.shard", make_blobs(900 + i, 30 + i)))
+    point = mounter.mount([], tmp_path / "m", "--shard-dir", str(shard_dir), "--cache-dir", str(tmp_path / "c"))
+    proc = run(SHARDFS + ["status", "--wait", "--timeout", "60", "--json", str(point)])
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads(proc.stdout)
+    assert st["mountpoint"] == str(point) and st["shards"] == 12 and st["objects"] == len(objects)
+    assert st["index"]["indexed_shards"] == 12
+    assert st["records"]["recorded_shards"] == 12 and st["records"]["pending_shards"] == 0
+    assert len(st["workers"]) == default_workers()
+    text = run(SHARDFS + ["status", str(point)])
+    assert text.returncode == 0 and text.stderr == ""
+    lines = dict(line.split(":", 1) for line in text.stdout.splitlines())
+    assert lines["shards"].strip() == f"12 ({len(objects):,} objects)"
+    assert lines["global index"].strip().startswith("12 of 12 shards indexed")
+    assert lines["lookup records"].strip().startswith("12 shards, 0 to write")
+    assert lines["background build"].strip() == "complete"
+
+    for where, why in ((tmp_path, "is not a mount point"), (Path("/proc"), "is not a shardfs mount")):
+        bad = run(SHARDFS + ["status", str(where)])
+        assert bad.returncode == 1 and bad.stdout == "" and why in bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+    pids = mount_processes(point)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: all(gone(p) for p in pids))
+    stale = run(SHARDFS + ["status", str(point)])
+    assert stale.returncode == 1 and "stale mount" in stale.stderr and "Traceback" not in stale.stderr
+    assert run(SHARDFS + ["umount", str(point)]).returncode == 0
 
 
 def test_external_fusermount_unmount(corpus, mounter, tmp_path):

@@ -862,7 +862,8 @@ class ShardFS:
         listing order and pushes the kernel refused (it had dropped the
         inode: that object is READ instead), the requests served by
         each worker process (a list), the lookup packs and the shards
-        whose lookups they answer ("records"), the answering process's
+        whose lookups they answer ("records": "pending_shards", those the
+        builder is still to record), the answering process's
         pool of shards opened in C ("pool": `ShardPool.stats`), and the
         requests that reached the
         Python handlers, by handler (``"python": {"getxattr": 3, ...}``;
@@ -882,7 +883,8 @@ class ShardFS:
             "python": self.hooks.python_requests(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,
             "records": {"packs": len(self.shards.records.packs),
-                        "recorded_shards": sum(1 for m in served if m.record is not None)}
+                        "recorded_shards": sum(1 for m in served if m.record is not None),
+                        "pending_shards": len(self.shards.needs_record())}
             if self.shards.records is not None else None,
             "pool": self.shards.pool.stats(),
             "hashes": self.shards.hashes.stats(self.hooks.hash_probes()) if self.shards.hashes is not None else None,

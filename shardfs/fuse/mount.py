@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import re
@@ -883,6 +884,40 @@ def _detach_stderr(log_file: Optional[str]) -> None:
 
 
 # ---------------------------------------------------------------- umount
+
+
+#: The extended attributes of a mount's root that `status` reads
+#: (`shardfs.fuse.handlers.ShardFS.getxattr`).
+STATS_XATTR = "user.shardfs.stats"
+
+
+def status(mountpoint: str) -> dict:
+    """What the shardfs mount at `mountpoint` says of itself: the JSON of
+    its root's ``user.shardfs.stats`` (`shardfs.fuse.handlers.ShardFS.
+    stats`: shards served, global index, lookup records, sidecars, the
+    answering worker's pool...), plus "mountpoint" and "source" (the mount
+    table's). Raises ShardError with a one-line message when `mountpoint`
+    is not a mount point, not a shardfs mount, or its processes are gone."""
+    path = _canonical(mountpoint)
+    entry = mount_entry(path)
+    if entry is None:
+        raise _shard_error(f"{mountpoint} is not a mount point")
+    if entry["fstype"] not in (FSTYPE, "?"):
+        raise _shard_error(f"{mountpoint} is not a shardfs mount (it is {entry['fstype']})")
+    try:
+        raw = os.getxattr(path, STATS_XATTR)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
+            raise _shard_error(f"{mountpoint}: the mount's processes are gone (stale mount): "
+                               f"'shardfs umount {mountpoint}' clears it") from None
+        raise _shard_error(f"{mountpoint}: cannot read its status: {exc.strerror or exc}") from None
+    try:
+        out = json.loads(raw)
+    except ValueError:
+        raise _shard_error(f"{mountpoint}: its status is not JSON (another shardfs version?)") from None
+    out["mountpoint"] = path
+    out["source"] = entry.get("source")
+    return out
 
 
 def umount(mountpoint: str) -> int:

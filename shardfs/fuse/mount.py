@@ -886,7 +886,20 @@ def _detach_stderr(log_file: Optional[str]) -> None:
 # ---------------------------------------------------------------- umount
 
 
-#: The extended attributes of a mount's root that `status` reads
+def shardfs_mount(mountpoint: str) -> Tuple[str, dict]:
+    """(canonical path, `mount_entry`) of the shardfs mount at
+    `mountpoint`. Raises ShardError with a one-line message when it is not
+    a mount point or not a shardfs mount."""
+    path = _canonical(mountpoint)
+    entry = mount_entry(path)
+    if entry is None:
+        raise _shard_error(f"{mountpoint} is not a mount point")
+    if entry["fstype"] not in (FSTYPE, "?"):
+        raise _shard_error(f"{mountpoint} is not a shardfs mount (it is {entry['fstype']})")
+    return path, entry
+
+
+#: The extended attribute of a mount's root that `status` reads
 #: (`shardfs.fuse.handlers.ShardFS.getxattr`).
 STATS_XATTR = "user.shardfs.stats"
 
@@ -898,12 +911,7 @@ def status(mountpoint: str) -> dict:
     answering worker's pool...), plus "mountpoint" and "source" (the mount
     table's). Raises ShardError with a one-line message when `mountpoint`
     is not a mount point, not a shardfs mount, or its processes are gone."""
-    path = _canonical(mountpoint)
-    entry = mount_entry(path)
-    if entry is None:
-        raise _shard_error(f"{mountpoint} is not a mount point")
-    if entry["fstype"] not in (FSTYPE, "?"):
-        raise _shard_error(f"{mountpoint} is not a shardfs mount (it is {entry['fstype']})")
+    path, entry = shardfs_mount(mountpoint)
     try:
         raw = os.getxattr(path, STATS_XATTR)
     except OSError as exc:
@@ -928,12 +936,7 @@ def umount(mountpoint: str) -> int:
     ShardError with a one-line message when `mountpoint` is not a mount
     point, is not a shardfs mount, or cannot be unmounted (e.g. busy).
     """
-    path = _canonical(mountpoint)
-    entry = mount_entry(path)
-    if entry is None:
-        raise _shard_error(f"{mountpoint} is not a mount point")
-    if entry["fstype"] not in (FSTYPE, "?"):
-        raise _shard_error(f"{mountpoint} is not a shardfs mount (it is {entry['fstype']})")
+    path, entry = shardfs_mount(mountpoint)
     stale = is_stale(path)
     ok, message = _run_unmount(path, lazy=False)
     if not ok and (stale or is_stale(path)):

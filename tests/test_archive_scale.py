@@ -152,7 +152,7 @@ def test_100000_shards_read_whole_under_a_bound_of_64_while_they_change(archive,
         for i in downs:
             r = run(SHARDFS + ["delete", "--yes", str(archive / f"s{i:06d}.shard"), _key(blob(i, 0))], timeout=120)
             assert r.returncode == 0, r.stderr
-            assert not (point / _key(blob(i, 0))).exists()  # at once: told by shardfs delete
+            assert not (point / _key(blob(i, 0))).exists(), r.stderr  # at once: told by shardfs delete
     finally:
         reader.join(timeout=900)
     assert done.is_set() and not errors, (len(errors), errors[:5])

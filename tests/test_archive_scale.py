@@ -92,8 +92,10 @@ def _key(data: bytes) -> str:
 
 def test_100000_shards_read_whole_under_a_bound_of_64_while_they_change(archive, mounter, tmp_path):
     point = tmp_path / "m"
+    log = tmp_path / "mount.log"
     proc = mounter.command(SHARDFS + ["mount", "--shard-dir", str(archive), "--layout", "flat", "--cache-dir",
-                                      str(tmp_path / "cache"), str(point)], point, preexec_fn=_limit, timeout=300)
+                                      str(tmp_path / "cache"), "--log-file", str(log), str(point)], point,
+                           preexec_fn=_limit, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert wait_until(lambda: (_stats(point)["records"] or {}).get("recorded_shards") == SHARDS, timeout=600), \
         _stats(point)
@@ -152,7 +154,8 @@ def test_100000_shards_read_whole_under_a_bound_of_64_while_they_change(archive,
         for i in downs:
             r = run(SHARDFS + ["delete", "--yes", str(archive / f"s{i:06d}.shard"), _key(blob(i, 0))], timeout=120)
             assert r.returncode == 0, r.stderr
-            assert not (point / _key(blob(i, 0))).exists(), r.stderr  # at once: told by shardfs delete
+            assert not (point / _key(blob(i, 0))).exists(), (  # at once: told by shardfs delete
+                r.stderr, [line for line in log.read_text().splitlines() if "takedown" in line][-3:])
     finally:
         reader.join(timeout=900)
     assert done.is_set() and not errors, (len(errors), errors[:5])

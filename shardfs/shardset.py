@@ -423,6 +423,8 @@ class ShardSet:
         #: START_INDEX_SLOTS slots in all (None otherwise).
         self.start_runs: Optional[List[Tuple[bytes, bytes]]] = None
         self._start_objects = 0
+        #: See `_cache_has_sidecars` (None: not scanned yet).
+        self._sidecars_seen: Optional[bool] = None
 
     # ------------------------------------------------------------ members
 
@@ -651,7 +653,8 @@ class ShardSet:
                 # close all but the last few thousand again (the pool opens
                 # what lookups need).
                 shard.close()
-                if os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
+                if self._cache_has_sidecars() and \
+                        os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
                     member.sidecar_dir = self.cache_dir
                 log.debug("serving shard %s as number %d (%d objects, indexed at start)", path, number,
                           member.objects_count)
@@ -669,6 +672,18 @@ class ShardSet:
         log.debug("serving shard %s as number %d (%d objects%s)", path, number, member.objects_count,
                   ", indexed" if member.indexed else "" if member.filter is not None else ", sidecar pending")
         return member
+
+    def _cache_has_sidecars(self) -> bool:
+        """Whether the cache directory held a sidecar when first asked
+        (scanned once, up to the first: a first mount's empty cache spares
+        a stat per shard)."""
+        if self._sidecars_seen is None:
+            try:
+                with os.scandir(self.cache_dir) as it:
+                    self._sidecars_seen = any(e.name.endswith(".sidecar") for e in it)
+            except OSError:
+                self._sidecars_seen = False
+        return self._sidecars_seen
 
     def _add_known(self, path: str, number: Optional[int]) -> Optional[MountedShard]:
         """Serve the shard at `path` without opening it when `known` says

@@ -183,6 +183,10 @@ def trio_flat(trio, module_mounter, tmp_path_factory):
 def trio4k_fanout(trio4k, module_mounter, tmp_path_factory):
     point = tmp_path_factory.mktemp("trio4k-fanout") / "m"
     module_mounter.mount([trio4k.paths[n] for n in "abc"], point, "--layout", "fanout")
+    # A fan-out directory lists the exact names of a shard once its sidecar
+    # is ready (before, all the children it may have): wait for them, or the
+    # listings depend on whether an earlier test's mount built them.
+    assert wait_until(lambda: json.loads(os.getxattr(point, STATS_XATTR))["sidecars"] == 3, timeout=60)
     return point
 
 

@@ -135,9 +135,14 @@ def test_a_worker_that_applied_the_table_before_reads_only_the_change(tmp_path, 
         build_shard(Path(paths[-1]), make_blobs(40 + i, 5))
     coordinator = ShardSet(cache_dir=str(tmp_path / "cache"))
     members = [coordinator.add(p) for p in paths[:5]]
-    table = lambda: Coordinator.table(types.SimpleNamespace(shards=coordinator, catalog=None))  # noqa: E731
     state = SharedState(1)
-    first = state.publish(table())
+    # the coordinator's own table and publication (entries and their JSON
+    # kept between publications, made again when the shard changed)
+    ns = types.SimpleNamespace(shards=coordinator, catalog=None, state=state, _entries={})
+    ns.table = lambda: Coordinator.table(ns)
+    table = ns.table
+    publish = lambda: Coordinator._publish(ns)  # noqa: E731
+    first = publish()
     worker = ShardSet(cache_dir=str(tmp_path / "cache"))
     seq, whole, change = state.read_change(-1)
     assert (seq, change) == (first, False) and len(whole["shards"]) == 5
@@ -146,7 +151,7 @@ def test_a_worker_that_applied_the_table_before_reads_only_the_change(tmp_path, 
     added = coordinator.add(paths[5])
     coordinator.discard(members[1])
     members[2].live_count = 4  # as when its sidecar is read
-    second = state.publish(table())
+    second = publish()
     seq, delta, change = state.read_change(first)
     assert (seq, change) == (second, True)
     assert sorted(e["number"] for e in delta["shards"]) == [members[2].number, added.number]
@@ -158,7 +163,7 @@ def test_a_worker_that_applied_the_table_before_reads_only_the_change(tmp_path, 
     assert (seq, change) == (second, False) and len(whole["shards"]) == 5
     apply_table(fresh, whole, os.getpid())
     assert _members(worker) == _members(fresh) and len(_members(worker)) == 5
-    third = state.publish(table())  # nothing changed: an empty change
+    third = publish()  # nothing changed: an empty change
     assert state.read_change(second)[1:] == ({"shards": [], "gone": []}, True) and third == second + 2
 
     # A table that fits, with no room for its change beside it: read whole.

@@ -136,9 +136,8 @@ def test_a_worker_that_applied_the_table_before_reads_only_the_change(tmp_path, 
     coordinator = ShardSet(cache_dir=str(tmp_path / "cache"))
     members = [coordinator.add(p) for p in paths[:5]]
     state = SharedState(1)
-    # the coordinator's own table and publication (entries and their JSON
-    # kept between publications, made again when the shard changed)
-    ns = types.SimpleNamespace(shards=coordinator, catalog=None, state=state, _entries={})
+    # the coordinator's own table and publication
+    ns = types.SimpleNamespace(shards=coordinator, catalog=None, state=state)
     ns.table = lambda: Coordinator.table(ns)
     table = ns.table
     publish = lambda: Coordinator._publish(ns)  # noqa: E731

@@ -68,7 +68,7 @@ import socket
 import stat
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
 from shardfs import rbd
 from shardfs.shard import is_remote_source
@@ -180,27 +180,6 @@ def _closing(fd: int) -> None:
         pass
 
 
-def _table_entry(entries: Dict[int, Tuple[MountedShard, tuple, Dict[str, object], str]],
-                 m: MountedShard) -> Tuple[Dict[str, object], str]:
-    """`m`'s entry of the coordinator's table, and its JSON, from `entries`
-    (number -> (member, what may change of it, entry, JSON), updated):
-    made again only when what may change of a shard changed (with 100,000
-    shards, making every entry and its JSON took a second at each
-    publication, while no takedown could be answered)."""
-    fd = m.held.fileno() if m.held is not None and not is_remote_source(m.path) else None
-    changing = (m.removed, fd, m.sidecar_dir, m.live_count, m.hashes, m.winery_shard)
-    hit = entries.get(m.number)
-    if hit is not None and hit[0] is m and hit[1] == changing:
-        return hit[2], hit[3]
-    entry = {"number": m.number, "path": m.path, "ident": m.ident, "objects_count": m.objects_count,
-             "slot_count": m.slot_count, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
-             "removed": m.removed, "fd": fd, "sidecar_dir": m.sidecar_dir, "live_count": m.live_count,
-             "hashes": list(m.hashes), "winery_shard": m.winery_shard}
-    text = json.dumps(entry, separators=(",", ":"))
-    entries[m.number] = (m, changing, entry, text)
-    return entry, text
-
-
 class Coordinator:
     """Serve `fs` (whose shard set it owns from now on) on `mountpoint`
     with `workers` worker processes; see the module's docstring.
@@ -274,9 +253,6 @@ class Coordinator:
         self._idle_at = -1
         #: When the table was last published, when it is due (`_publish_later`).
         self._published_at = 0.0
-        #: number -> (member, what may change of it, its table entry, the
-        #: entry's JSON), as last published (`_entry`).
-        self._entries: Dict[int, Tuple[MountedShard, tuple, Dict[str, object], str]] = {}
         self._publish_at: Optional[float] = None
 
     # ------------------------------------------------------------- serve
@@ -1051,8 +1027,14 @@ class Coordinator:
         described (path, ident, counts, identity), not opened; "fd" is the
         coordinator's descriptor of a shard it holds open (removed, with
         names or files the kernel may still use), else None."""
-        table: Dict[str, object] = {"shards": [_table_entry(self._entries, m)[0]
-                                               for _, m in sorted(self.shards.shards.items())]}
+        table: Dict[str, object] = {"shards": [
+            {"number": m.number, "path": m.path, "ident": m.ident, "objects_count": m.objects_count,
+             "slot_count": m.slot_count, "extent": m.extent, "mtime": m.mtime, "identity": m.identity.hex(),
+             "removed": m.removed, "fd": m.held.fileno() if m.held is not None and not is_remote_source(m.path) else None,
+             "sidecar_dir": m.sidecar_dir, "live_count": m.live_count, "hashes": list(m.hashes),
+             "winery_shard": m.winery_shard}
+            for _, m in sorted(self.shards.shards.items())
+        ]}
         if self.shards.hashes is not None:
             table["hashing"] = list(self.shards.hashes.progress)
             table["hash_levels"] = self.shards.hashes.level_names()
@@ -1109,16 +1091,8 @@ class Coordinator:
                             member.path, member.number)
 
     def _publish(self) -> int:
-        """Publish the table (`table`) with the JSON of its entries kept
-        from the last publication where they did not change; returns its
-        sequence number."""
-        table = self.table()
-        entries = self._entries
-        seq = self.state.publish(table, texts=[entries[entry["number"]][3] for entry in table["shards"]])
-        if len(entries) > len(table["shards"]):  # shards forgotten since: their entries go
-            listed = {entry["number"] for entry in table["shards"]}
-            for number in [n for n in entries if n not in listed]:
-                del entries[number]
+        """Publish the table (`table`); returns its sequence number."""
+        seq = self.state.publish(self.table())
         self._publish_at = None
         self._published_at = time.monotonic()
         return seq

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import mmap
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
 from shardfs import _shardfs
 
@@ -120,15 +120,12 @@ class SharedState:
         """The table's sequence number: even, and +2 with every publish."""
         return self.words[SEQ]
 
-    def publish(self, table: Dict[str, Any], texts: Optional[Sequence[str]] = None) -> int:
+    def publish(self, table: Dict[str, Any]) -> int:
         """Write a new table (coordinator only), and its change from the
         one before; returns its sequence number. `table["shards"]` is a
-        list of entries, each a dict with a "number"; `texts`, when given,
-        their JSON (compact separators), which the caller kept from an
-        earlier publication. Raises ValueError when the two do not fit
-        TABLE_BYTES."""
-        if texts is None:
-            texts = [json.dumps(entry, separators=(",", ":")) for entry in table["shards"]]
+        list of entries, each a dict with a "number". Raises ValueError
+        when the two do not fit TABLE_BYTES."""
+        texts = [json.dumps(entry, separators=(",", ":")) for entry in table["shards"]]
         marks = {entry["number"]: hash(text) for entry, text in zip(table["shards"], texts)}
         before = self._published
         rest = json.dumps({key: value for key, value in table.items() if key != "shards"}, separators=(",", ":"))

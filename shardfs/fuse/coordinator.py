@@ -912,17 +912,25 @@ class Coordinator:
 
     def _forget_names(self) -> None:
         """Invalidate in the kernel the names of the objects of removed
-        shards (cached for a year), FORGET_BATCH at a time: the next access
-        to such a name asks the workers again, who answer from the shards
-        served now (another copy, the new file of a replaced shard, or no
-        such object). A shard whose file no process holds any more (its
-        keys cannot be read) gets the attributes of its slots' inodes
+        shards (cached for a year), FORGET_BATCH slots per turn of the loop,
+        over as many shards as that covers (100 removed shards of a few
+        objects each are one turn, not 100: each turn also does the rest of
+        the loop's work, about a second with 100,000 shards): the next
+        access to such a name asks the workers again, who answer from the
+        shards served now (another copy, the new file of a replaced shard,
+        or no such object). A shard whose file no process holds any more
+        (its keys cannot be read) gets the attributes of its slots' inodes
         invalidated instead: the next access to a name the kernel still
         has asks for them, is answered ESTALE, and the kernel looks the
         name up again."""
-        if not self._forget:
-            return
-        item = self._forget[0]
+        budget = FORGET_BATCH
+        while self._forget and budget > 0:
+            budget = self._forget_some(self._forget[0], budget)
+
+    def _forget_some(self, item: list, budget: int) -> int:
+        """`_forget_names` for `item` ([member, first slot not done]), at
+        most `budget` slots; pops it from `_forget` when done. Returns the
+        budget left."""
         member, first = item
         try:
             shard = member.shard
@@ -930,7 +938,7 @@ class Coordinator:
             if first == 0:
                 log.info("%s: its file is gone (%s): invalidating the inodes of its %d slots",
                          member.path, exc, member.slot_count)
-            end = min(first + FORGET_BATCH, member.slot_count)
+            end = min(first + budget, member.slot_count)
             for slot in range(first, end):
                 try:
                     self.session.invalidate_inode(object_inode(member.number, slot))
@@ -939,14 +947,14 @@ class Coordinator:
                         log.warning("cannot invalidate an object of %s: %s", member.path, exc)
                         end = member.slot_count
                         break
+            budget -= end - first
             item[1] = end
             if end < member.slot_count:
-                return
+                return budget
             self._forget.pop(0)
-            return
-        budget = FORGET_BATCH
+            return budget
         try:
-            for slot, key, _, _ in shard.scan(first, FORGET_BATCH, on_corrupt=lambda n: None):
+            for slot, key, _, _ in shard.scan(first, budget, on_corrupt=lambda n: None):
                 name = key.hex()
                 for parent in self.fs.layout.parents_of(name):
                     try:
@@ -957,11 +965,12 @@ class Coordinator:
                 item[1] = slot + 1
                 budget -= 1
                 if budget <= 0:
-                    return
+                    return 0
         except (OSError, ValueError) as exc:
             log.warning("%s: cannot invalidate the names of its objects: %s", member.path, exc)
         self._forget.pop(0)
         log.debug("names of shard %s (number %d) invalidated", member.path, member.number)
+        return budget - 1  # the scan's turn
 
     # ----------------------------------------------------- shard lifetime
 

@@ -959,8 +959,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 time.sleep(0.5)
                 st = fuse_mount.status(args.mountpoint)
                 done, total = _build_progress(st)
-                if getattr(bar, "total", None) != total and hasattr(bar, "total"):
-                    bar.total = total
+                bar.total = total  # records to write are learnt as shards come
                 bar.update(done - bar.n)
     if args.json:
         print(json.dumps(st, sort_keys=True))

@@ -286,6 +286,11 @@ class KnownShards:
         except OSError as exc:
             log.warning("%s: unreadable (%s): the shards are opened at start", self.path, exc)
             return
+        self._use(data)
+
+    def _use(self, data: bytes) -> None:
+        """Take `data` (the file's bytes) as what is known: the offsets of
+        its lines, sorted by path unless they already are."""
         starts = array("Q")
         ordered, last, pos = True, b"", 0
         while pos < len(data):
@@ -300,7 +305,7 @@ class KnownShards:
             pos = end + 1
         if not ordered:  # written by an older shardfs, or edited
             starts = array("Q", sorted(starts, key=lambda p: self._path_at(data, p)))
-        self._data, self._starts = data, starts
+        self._data, self._starts, self._next = data, starts, 0
 
     @staticmethod
     def _path_at(data: bytes, start: int, end: int = -1) -> bytes:
@@ -391,9 +396,5 @@ class KnownShards:
                 os.unlink(tmp)
             except OSError:
                 pass
-        self._data, self._new, self._next = b"\n".join(lines), {}, 0
-        self._starts = array("Q")
-        pos = 0
-        for line in lines:
-            self._starts.append(pos)
-            pos += len(line) + 1
+        self._new = {}
+        self._use(b"\n".join(lines))

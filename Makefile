@@ -21,14 +21,14 @@ CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
 C_SOURCES := shardfs/c/shard.c shardfs/c/chd.c shardfs/c/chd_build.c shardfs/c/writer.c shardfs/c/sidecar.c shardfs/c/output.c \
 	shardfs/c/gindex.c shardfs/c/guard.c shardfs/c/ll_names.c shardfs/c/hashindex.c shardfs/c/rbd.c \
 	shardfs/c/kind_file.c shardfs/c/kind_rbd.c shardfs/c/kind_mosaic.c shardfs/c/remote_copy.c shardfs/c/s3.c shardfs/c/kind_s3.c shardfs/c/mosaic.c shardfs/c/gof.c \
-	shardfs/c/lookup_pack.c
+	shardfs/c/lookup_pack.c shardfs/c/probe.c
 # The Python binding (setup.py): module.c, one py_*.c per type, py_module.h.
 PY_C_SOURCES := shardfs/c/module.c $(wildcard shardfs/c/py_*.c) shardfs/c/py_module.h shardfs/c/ll.h \
 	shardfs/c/ll_fast.c shardfs/c/ll_snapshot.c shardfs/c/ll_snapshot.h shardfs/c/ll_resolve.c shardfs/c/ll_resolve.h \
 	shardfs/c/ll_guarded.h shardfs/c/ll_ahead.c shardfs/c/ll_ahead.h shardfs/c/ll_pool.c shardfs/c/ll_pool.h
 C_HEADERS := shardfs/c/shard.h shardfs/c/chd.h shardfs/c/internal.h shardfs/c/sidecar.h shardfs/c/guard.h \
 	shardfs/c/gindex.h shardfs/c/ll_names.h shardfs/c/hashindex.h shardfs/c/rbd.h shardfs/c/kind.h \
-	shardfs/c/mosaic.h shardfs/c/ph.h shardfs/c/remote_copy.h shardfs/c/s3.h shardfs/c/lookup_pack.h
+	shardfs/c/mosaic.h shardfs/c/ph.h shardfs/c/remote_copy.h shardfs/c/s3.h shardfs/c/lookup_pack.h shardfs/c/probe.h
 
 .PHONY: all deps apt venv demo test test-quick test-c test-ph test-py bench bench-full clean \
 	test-asan test-tsan test-valgrind fuzz fuzz-ci fuzz-build fuzz-replay fuzz-coverage
@@ -123,7 +123,7 @@ demo: venv
 # set that the committed results come from (about an hour). One benchmark:
 # `make bench-full BENCHES=mount`, with its own options in ARGS (see
 # `bench/bench_NAME.py --help`; e.g. ARGS=--before-venv=DIR for mount).
-BENCHES ?= build lookup mount shards winery winery_mosaic hashes ceph mosaic s3 profile
+BENCHES ?= build lookup mount shards failover winery winery_mosaic hashes ceph mosaic s3 profile
 bench bench-full: venv
 	$(PIP) install -q -e '.[test,bench]'
 	mkdir -p bench/results

@@ -24,6 +24,7 @@ import functools
 import itertools
 import logging
 import os
+import shutil
 import stat
 import sys
 import threading
@@ -925,7 +926,8 @@ def _format_status(st: dict) -> str:
                                         f"({records.get('packs', 0)} pack(s))"))
     lines.append(("sidecars", f"{st.get('sidecars', 0):,} of {n:,} shards"))
     workers = st.get("workers") or []
-    lines.append(("workers", f"{len(workers)}, requests served: " + ", ".join(f"{w:,}" for w in workers)))
+    lines.append(("workers", f"{len(workers)}, requests served: " + ", ".join(f"{w:,}" for w in workers)
+                  + f"; {st.get('restarts', 0):,} restarted"))
     python = st.get("python") or {}
     lines.append(("lookups", f"{st.get('lookups', 0):,} ({st.get('index_probes', 0):,} index probes); "
                              f"{sum(python.values()):,} requests reached Python"))
@@ -936,8 +938,25 @@ def _format_status(st: dict) -> str:
                                      f"evictions)"))
     done, total = _build_progress(st)
     lines.append(("background build", "complete" if done >= total else f"{done:,} of {total:,} steps done"))
+    lines.append(("version", f"shardfs {st.get('version', '?')}"))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in lines)
+
+
+def cmd_systemd_unit(args: argparse.Namespace) -> int:
+    """Print the systemd template unit for this shardfs command."""
+    from shardfs.errors import ShardError
+    from shardfs.fuse.service import unit_text
+
+    # the script run; under `python -m shardfs`, the one beside that
+    # Python (a venv's), else the one on PATH
+    beside = os.path.join(os.path.dirname(sys.executable), "shardfs")
+    for executable in (sys.argv[0], beside, shutil.which("shardfs")):
+        if executable and os.path.basename(executable) == "shardfs" and os.path.isfile(executable) \
+                and os.access(executable, os.X_OK):
+            sys.stdout.write(unit_text(executable))
+            return 0
+    raise ShardError("cannot find the shardfs command (not beside this Python, nor on PATH)")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -1278,7 +1297,8 @@ def _add_mount_parser(command) -> None:
         "\n"
         "-o takes FUSE options (allow_other, default_permissions, fsname=...),\n"
         "uid=N and gid=N (owner of every file), layout=, slicing=, cache_dir=,\n"
-        "workers=N (1 to 64), hashes=sha1:sha1_git (also find objects as\n"
+        "workers=N (1 to 64), metrics=HOST:PORT (Prometheus metrics at\n"
+        "http://HOST:PORT/metrics), hashes=sha1:sha1_git (also find objects as\n"
         "MOUNT/sha1/<hex>, MOUNT/sha1_git/<hex> and MOUNT/swh:1:cnt:<hex>; the\n"
         "shards are indexed by those in the background, see 'shardfs index').\n"
         "\n"
@@ -1371,6 +1391,22 @@ def _add_umount_parser(command) -> None:
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
 
 
+def _add_systemd_unit_parser(command) -> None:
+    """``shardfs systemd-unit``: `command(func, help, description, examples)` adds it."""
+    command(
+        cmd_systemd_unit,
+        "print a systemd template unit that mounts shardfs at boot",
+        "Print shardfs@.service, a systemd template unit whose instance is a mount point\n"
+        "(systemd-escape --path): it runs 'shardfs mount --foreground' with the arguments\n"
+        "SHARDFS_ARGS of /etc/shardfs/<instance>.conf, is ready once the mount answers\n"
+        "(Type=notify: needs systemd-python, pip install shardfs[systemd]), unmounts on\n"
+        "stop and mounts again after a crash. ExecStart names this shardfs command.",
+        "  shardfs systemd-unit > /etc/systemd/system/shardfs@.service\n"
+        "  echo 'SHARDFS_ARGS=--shard-dir /srv/shards' > /etc/shardfs/mnt-archive.conf\n"
+        "  systemctl enable --now shardfs@$(systemd-escape --path /mnt/archive)\n",
+    )
+
+
 def _add_status_parser(command) -> None:
     """``shardfs status``: `command(func, help, description, examples)` adds it."""
     p = command(
@@ -1401,6 +1437,7 @@ _COMMAND_PARSERS = {
     "get": _add_get_parser, "index": _add_index_parser, "check": _add_check_parser,
     "delete": _add_delete_parser,
     "mount": _add_mount_parser, "umount": _add_umount_parser, "status": _add_status_parser,
+    "systemd-unit": _add_systemd_unit_parser,
 }
 COMMANDS = tuple(_COMMAND_PARSERS)
 

@@ -41,7 +41,7 @@ import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from shardfs import Shard, normalize_key
 from shardfs import rbd, s3
@@ -49,7 +49,7 @@ from shardfs.shard import is_remote_source
 from shardfs import lookups as lookups_mod
 from shardfs import sidecar as sidecar_mod
 from shardfs import _shardfs
-from shardfs._shardfs import OpenShards, SidecarSet, key_prefixes
+from shardfs._shardfs import OpenShards, SidecarSet, key_prefixes, probe_shards
 from shardfs.errors import RESOURCE_ERRORS, CorruptShardError, ShardError
 
 log = logging.getLogger("shardfs.fuse")
@@ -291,6 +291,20 @@ class SnapshotState:
     #: The `shardfs._shardfs.ShardPool` that opens a served shard not in
     #: `open_shards` for the resolver, or None (the handlers open it).
     pool: Any = None
+
+
+class ProbedStat(NamedTuple):
+    """The fields of a shard's fstat that `probe_shards` gives (names and
+    units as in os.stat_result: nanoseconds for the *_ns fields, seconds
+    for st_mtime)."""
+    st_dev: int
+    st_ino: int
+    st_rdev: int
+    st_mode: int
+    st_size: int
+    st_mtime_ns: int
+    st_ctime_ns: int
+    st_mtime: float
 
 
 def file_ident(st: os.stat_result) -> Tuple[int, int, int]:
@@ -609,7 +623,8 @@ class ShardSet:
         return shard, sidecar
 
     def add(self, path: str, shard: Optional[Shard] = None, sidecar: object = None,
-            number: Optional[int] = None, sidecar_dir: Optional[str] = None) -> MountedShard:
+            number: Optional[int] = None, sidecar_dir: Optional[str] = None,
+            probed: Optional[tuple] = None, known: Optional[tuple] = None) -> MountedShard:
         """Serve the shard at `path`, opened and validated now; returns its
         MountedShard.
 
@@ -619,11 +634,18 @@ class ShardSet:
         cache when the global index does not hold it. `number`: the
         shard's number (else the next one for which `reserved(number)` is
         False). A shard without a sidecar is probed unfiltered until
-        `set_sidecar` (or until the global index holds it). Raises what
-        `open_candidate` raises.
+        `set_sidecar` (or until the global index holds it). `probed`: what
+        `probe_shards` learnt of `path`, used instead of opening it again
+        when the shard is not kept open; `known`: what `KnownShards.match`
+        gave for it (`_probe` gives one or the other).
+        Raises what `open_candidate` raises.
         """
-        if shard is None and self.known is not None:
-            member = self._add_known(path, number)
+        if probed is not None and shard is None:
+            member = self._add_probed(path, probed, number)
+            if member is not None:
+                return member
+        elif shard is None and self.known is not None:
+            member = self._add_known(path, number, known)
             if member is not None:
                 return member
         if shard is None:
@@ -677,6 +699,49 @@ class ShardSet:
                   ", indexed" if member.indexed else "" if member.filter is not None else ", sidecar pending")
         return member
 
+    def _add_probed(self, path: str, probed: tuple, number: Optional[int]) -> Optional[MountedShard]:
+        """Serve the shard at `path` from what `probe_shards` learnt of it,
+        when the global index holds it or takes it at start (`start_runs`):
+        it is not kept open, nor opened again. None otherwise (it is then
+        opened)."""
+        st = ProbedStat(*probed[:8])
+        objects, slots, extent, identity, prefixes = probed[8:]
+        covered = self.index is not None and self.index.covers(identity)
+        runs = self.start_runs
+        if not covered and (runs is None or self._start_objects + slots > START_INDEX_SLOTS):
+            return None
+        if prefixes is None and not covered:
+            try:
+                with Shard(path) as shard:  # not given any under probe_shards's budget
+                    if sidecar_mod.identity(shard) != identity:
+                        return None  # replaced since: opened as a new file
+                    prefixes = key_prefixes(shard)
+            except (OSError, ShardError):
+                return None
+        if self.known is not None:
+            self.known.remember(path, st, objects, slots, extent, identity)
+        member = self._insert_closed(path, st, objects, slots, extent, identity, number)
+        if not member.indexed:
+            runs.append((identity, prefixes))
+            self._start_objects += slots
+        log.debug("serving shard %s as number %d (%d objects, %s)", path, member.number, objects,
+                  "indexed" if covered else "indexed at start")
+        return member
+
+    def _insert_closed(self, path: str, st: Any, objects: int, slots: int, extent: int, identity: bytes,
+                       number: Optional[int]) -> MountedShard:
+        """Serve the shard at `path` (of stat `st`, header and identity
+        known) without keeping it open, as `number` (else the next free)."""
+        if number is None:
+            number = self._next_number
+            while self.reserved(number):
+                number += 1
+        member = self._insert(MountedShard(number, path, file_ident(st), objects, slots, extent, st.st_mtime,
+                                           identity=identity))
+        if self._cache_has_sidecars() and os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
+            member.sidecar_dir = self.cache_dir  # loaded when a listing needs it
+        return member
+
     def _cache_has_sidecars(self) -> bool:
         """Whether the cache directory held a sidecar when first asked
         (scanned once, up to the first: a first mount's empty cache spares
@@ -689,26 +754,23 @@ class ShardSet:
                 self._sidecars_seen = False
         return self._sidecars_seen
 
-    def _add_known(self, path: str, number: Optional[int]) -> Optional[MountedShard]:
+    def _add_known(self, path: str, number: Optional[int], found: Optional[tuple] = None
+                   ) -> Optional[MountedShard]:
         """Serve the shard at `path` without opening it when `known` says
         it was validated as it is now (same device, inode, size, mtime,
         ctime) and the global index holds it; None otherwise (it is then
-        opened)."""
+        opened). `found`: what `known.match(path)` gave, when asked
+        already."""
         if is_remote_source(path):
             return None
-        found = self.known.match(path)
+        if found is None:
+            found = self.known.match(path)
         if found is None or self.index is None or not self.index.covers(found[1][3]):
             return None
         st, (objects, slots, extent, identity) = found
-        if number is None:
-            number = self._next_number
-            while self.reserved(number):
-                number += 1
-        member = self._insert(MountedShard(number, path, file_ident(st), objects, slots, extent, st.st_mtime,
-                                           identity=identity))
-        if os.path.exists(sidecar_mod.sidecar_path(self.cache_dir, identity)):
-            member.sidecar_dir = self.cache_dir  # loaded when a listing needs it
-        log.debug("serving shard %s as number %d (%d objects, indexed, known unchanged)", path, number, objects)
+        member = self._insert_closed(path, st, objects, slots, extent, identity, number)
+        log.debug("serving shard %s as number %d (%d objects, indexed, known unchanged)", path, member.number,
+                  objects)
         return member
 
     def add_entry(self, member: MountedShard) -> MountedShard:
@@ -1072,14 +1134,43 @@ class ShardSet:
         for member in gone:
             self.remove(member)
         added = []
-        for done, (path, seen) in enumerate(new, 1):
-            try:
-                added.append(self.add(path))
-            except Exception as exc:
-                self.reject(path, seen, exc)
-            if progress is not None and (done % PROGRESS_EVERY == 0 or done == len(new)):
-                progress(done, len(new))
+        for first in range(0, len(new), PROGRESS_EVERY):
+            batch = new[first:first + PROGRESS_EVERY]
+            probed, known = self._probe([path for path, _ in batch])
+            for path, seen in batch:
+                try:
+                    added.append(self.add(path, probed=probed.get(path), known=known.get(path)))
+                except Exception as exc:
+                    self.reject(path, seen, exc)
+            if progress is not None:
+                progress(first + len(batch), len(new))
         return (added, gone)
+
+    def _probe(self, paths: List[str]) -> Tuple[Dict[str, tuple], Dict[str, tuple]]:
+        """For `add`, at a start with a global index: (what `probe_shards`
+        learnt of the local files among `paths` that `known` does not
+        vouch for, what `known.match` gave for the others). ({}, {}) at
+        other times."""
+        probed: Dict[str, tuple] = {}
+        known: Dict[str, tuple] = {}
+        if self.start_runs is None or self.index is None:
+            return probed, known
+        todo = []
+        for path in paths:
+            if is_remote_source(path):
+                continue
+            if self.known is not None:
+                found = self.known.match(path)
+                if found is not None and self.index.covers(found[1][3]):
+                    known[path] = found
+                    continue
+            todo.append(path)
+        if todo:
+            budget = max(0, START_INDEX_SLOTS - self._start_objects)
+            for path, found in zip(todo, probe_shards(todo, budget)):
+                if found is not None:
+                    probed[path] = found
+        return probed, known
 
 
 # ------------------------------------------------------------ opening

@@ -816,7 +816,7 @@ def test_help(command):
     assert "examples:" in out
     if command is None:
         # Every command listed once, in order, with its one-line help.
-        listed = re.findall(r"^    ([a-z]+) {2,}\S", out, re.MULTILINE)
+        listed = re.findall(r"^    ([a-z-]+) {2,}\S", out, re.MULTILINE)
         assert listed == COMMANDS, out
 
 

@@ -774,6 +774,8 @@ def test_status_command(mounter, tmp_path):
     assert lines["global index"].strip().startswith("12 of 12 shards indexed")
     assert lines["lookup records"].strip().startswith("12 shards, 0 to write")
     assert lines["background build"].strip() == "complete"
+    assert lines["version"].strip() == f"shardfs {shardfs.__version__}" and st["version"] == shardfs.__version__
+    assert st["restarts"] == 0 and lines["workers"].strip().endswith("; 0 restarted")
 
     for where, why in ((tmp_path, "is not a mount point"), (Path("/proc"), "is not a shardfs mount")):
         bad = run(SHARDFS + ["status", str(where)])
@@ -787,6 +789,86 @@ def test_status_command(mounter, tmp_path):
     stale = run(SHARDFS + ["status", str(point)])
     assert stale.returncode == 1 and "stale mount" in stale.stderr and "Traceback" not in stale.stderr
     assert run(SHARDFS + ["umount", str(point)]).returncode == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(port: int) -> Dict[str, Dict[tuple, float]]:
+    """The mount's /metrics, parsed by prometheus_client's own parser:
+    {sample name: {labels (sorted items): value}}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: Dict[str, Dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_metrics_endpoint(mounter, tmp_path):
+    """``-o metrics=HOST:PORT`` serves Prometheus's text format at
+    /metrics: requests by operation counted across the workers, shards and
+    objects served, workers and their restarts; a bad address is a
+    one-line error before mounting, an address in use a one-line error of
+    the mount, which is then not left behind."""
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    objects = {}
+    for i in range(3):
+        objects.update(build_shard(shard_dir / f"{i}.shard", make_blobs(700 + i, 40)))
+    port = _free_port()
+    log = tmp_path / "mount.log"
+    point = mounter.mount([], tmp_path / "m", "--shard-dir", str(shard_dir), "-o",
+                          f"workers=2,metrics=127.0.0.1:{port}", "--log-file", str(log))
+    keys = sorted(objects)[:25]
+    for key in keys:
+        assert (point / key).read_bytes() == objects[key]
+    assert wait_until(lambda: _scrape(port)["shardfs_shards"][()] == 3)
+    m = _scrape(port)
+    assert m["shardfs_objects"][()] == len(objects)
+    assert m["shardfs_workers"][()] == 2 and m["shardfs_worker_restarts_total"][()] == 0
+    requests = m["shardfs_requests_total"]
+    assert requests[(("operation", "lookup"),)] >= len(keys)
+    assert requests[(("operation", "mkdir"),)] == 0  # every kind, from the start
+    assert m["shardfs_lookups_total"][()] >= len(keys)
+    assert m["shardfs_build_info"][(("version", shardfs.__version__),)] == 1
+    # request durations: a histogram per kind, every lookup in it
+    lookup = (("operation", "lookup"),)
+    count = m["shardfs_request_duration_seconds_count"][lookup]
+    assert count == requests[lookup] and 0 < m["shardfs_request_duration_seconds_sum"][lookup] < 60
+    buckets = sorted((float(dict(labels)["le"]), v) for labels, v in m["shardfs_request_duration_seconds_bucket"].items()
+                     if dict(labels)["operation"] == "lookup")
+    assert len(buckets) == 20 and buckets[-1] == (float("inf"), count)
+    assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))  # cumulative
+    before = sum(requests.values())
+    for key in sorted(objects)[25:35]:
+        (point / key).read_bytes()
+    assert sum(_scrape(port)["shardfs_requests_total"].values()) >= before + 20  # a lookup and a read each
+    os.kill(worker_pids(point)[0], signal.SIGKILL)
+    assert wait_until(lambda: _scrape(port)["shardfs_worker_restarts_total"][()] == 1), log.read_text()
+    assert wait_until(lambda: _scrape(port)["shardfs_workers"][()] == 2)
+    said = run(SHARDFS + ["status", "--json", str(point)])
+    assert said.returncode == 0, said.stderr
+    assert json.loads(said.stdout)["restarts"] == 1  # shardfs status says it too
+
+    for bad in ("metrics=127.0.0.1:99999", "metrics=:80", "metrics=[nope]:80"):
+        mount_fails([str(shard_dir / "0.shard"), str(tmp_path / "m2"), "-o", bad], "metrics=")
+    (tmp_path / "m3").mkdir()
+    taken = run(SHARDFS + ["mount", str(shard_dir / "0.shard"), str(tmp_path / "m3"), "-o",
+                           f"metrics=127.0.0.1:{port}"])
+    assert taken.returncode == 1 and "Address already in use" in taken.stderr, taken.stderr
+    assert len(taken.stderr.strip().splitlines()) == 1 and "Traceback" not in taken.stderr
+    assert not mounted(tmp_path / "m3")
 
 
 def test_external_fusermount_unmount(corpus, mounter, tmp_path):

@@ -293,3 +293,31 @@ def test_close_during_merges(fifty, tmp_path):
     with GlobalIndex(tmp_path / "out.gidx") as out:
         assert out.identities() == idents
         assert all(10 in out.lookup(k) for k in keys[10])
+
+
+def test_probe_shards_learns_what_opening_does(fifty, tmp_path):
+    """probe_shards gives, for each valid Read Shard, the fstat fields, the
+    header counts, the identity and (within its budget of slots) the key
+    prefixes that opening it with Shard, sidecar.identity and key_prefixes
+    give; None for what is not a valid shard."""
+    base, shards, keys, idents = fifty
+    paths = [s.path for s in shards]
+    truncated, corrupt = tmp_path / "truncated.shard", tmp_path / "corrupt.shard"
+    data = open(paths[7], "rb").read()
+    truncated.write_bytes(data[:len(data) - 100])
+    corrupt.write_bytes(data[:40] + b"\xff" * 8 + data[48:])  # objects_count past the slots
+    odd = [str(truncated), str(tmp_path / "missing.shard"), str(corrupt), str(tmp_path)]
+    every = paths[:25] + odd + paths[25:]
+    budget = sum(s.slot_count for s in shards[:20])
+    got = _shardfs.probe_shards(every, budget)
+    assert len(got) == len(every) and got[25:29] == [None] * 4
+    for i, (shard, ident, item) in enumerate(zip(shards, idents, got[:25] + got[29:])):
+        st = os.stat(shard.path)
+        assert item[:8] == (st.st_dev, st.st_ino, st.st_rdev, st.st_mode, st.st_size, st.st_mtime_ns,
+                            st.st_ctime_ns, st.st_mtime)
+        assert item[8:12] == (shard.header.objects_count, shard.slot_count, shard.extent, ident)
+        assert item[12] == (key_prefixes(shard) if i < 20 else None)  # the fifty grow: none fits after
+    assert all(item[12] is None for item in _shardfs.probe_shards(paths, 0))
+    assert _shardfs.probe_shards([]) == []
+    with pytest.raises(TypeError):
+        _shardfs.probe_shards([b"x", 3])

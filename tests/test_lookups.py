@@ -15,7 +15,7 @@ import time
 import pytest
 
 from shardfs import Shard, shard as shard_mod
-from shardfs import lookups
+from shardfs import lookups, sidecar
 from shardfs._shardfs import LookupPack
 from shardfs.errors import CorruptShardError
 from shardfs.shardset import open_shard_set
@@ -243,3 +243,47 @@ def test_a_warm_start_opens_no_unchanged_shard(shard_dir, tmp_path, caplog):
     assert again.by_path[str(d / replaced)].record is None  # a new file: its record is to be written
     _check_all(again, contents, d)
     again.close()
+
+
+@pytest.mark.parametrize("budget", ["all", "some"])
+def test_a_cold_start_validates_each_shard_once_and_keeps_none_open(shard_dir, tmp_path, caplog,
+                                                                    monkeypatch, budget):
+    """A first open of a directory (empty cache directory) validates every
+    file (probe_shards: the whole structure, as Shard does), indexes the
+    valid shards at start and keeps none of them open; a truncated or
+    corrupt file is refused with the error opening it gives. With a start
+    budget too small for every shard, those past it are opened and kept
+    as before; every key is found either way."""
+    from shardfs import shardset
+
+    d, contents = shard_dir
+    if budget == "some":
+        monkeypatch.setattr(shardset, "START_INDEX_SLOTS", 200)
+    good = (d / "s010.shard").read_bytes()
+    (d / "t-truncated.shard").write_bytes(good[:-7])
+    (d / "t-corrupt.shard").write_bytes(good[:40] + b"\xff" * 8 + good[48:])
+    errors = {}
+    for name in ("t-truncated.shard", "t-corrupt.shard"):
+        with pytest.raises(Exception) as exc:
+            Shard(d / name)
+        errors[name] = str(exc.value)
+    caplog.set_level(logging.DEBUG, logger="shardfs")
+    shards = open_shard_set([], shard_dir=str(d), cache_dir=str(tmp_path / "cache"))
+    try:
+        said = [r.getMessage() for r in caplog.records]
+        for name, error in errors.items():
+            assert f"{d / name}: not served: {error}" in said
+        assert len(shards.served()) == len(contents)
+        at_start = [m for m in said if m.startswith("serving shard ") and "indexed at start" in m]
+        if budget == "all":
+            assert len(at_start) == len(contents) and len(shards.open_shards) == 0
+        else:
+            assert 0 < len(at_start) < len(contents) and len(shards.open_shards) > 0
+        for member in shards.served():
+            with Shard(member.path) as shard:
+                assert member.identity == sidecar.identity(shard)
+                assert (member.objects_count, member.slot_count, member.extent) == \
+                    (shard.header.objects_count, shard.slot_count, shard.extent)
+        _check_all(shards, contents, d)
+    finally:
+        shards.close()

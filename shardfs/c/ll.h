@@ -28,6 +28,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "py_module.h"
 #include "ll_names.h"
@@ -67,6 +68,8 @@ typedef struct {
     double cache_timeout;     /* seconds the kernel keeps names and attributes */
     double entry_timeout;     /* seconds it keeps the absence of a name */
     int64_t *counts;          /* [LL_KINDS] requests served, by kind */
+    int64_t *hist;            /* [LL_KINDS * LL_HIST_WORDS] their durations, or NULL (not timed) */
+    Py_buffer hist_view;      /* the shared memory `hist` points into (obj NULL: none) */
     int64_t own_counts[LL_KINDS];
     Py_buffer counts_view;    /* the shared memory `counts` points into, if any */
     int has_counts_view;
@@ -99,10 +102,59 @@ extern PyTypeObject SessionType, DirBufferType;
 /* The operations (py_ll_ops.c); their userdata is the Session. */
 extern const struct fuse_lowlevel_ops ll_ops;
 
-static inline void ll_count(Session *s, enum ll_kind kind)
+/* How long requests take, per kind: LL_HIST_BUCKETS counts of requests
+ * whose duration is at most ll_hist_bounds_ns[b] nanoseconds (and above
+ * the bound before; the last bucket: above the last bound), then the sum
+ * of their durations in nanoseconds: LL_HIST_WORDS words per kind, in
+ * ll_kind order (shared memory: shardfs.fuse.shared; Prometheus's
+ * shardfs_request_duration_seconds: shardfs.fuse.metrics). A duration
+ * runs from the start of the operation's function to its answer (ll_done)
+ * or its return. Exported as shardfs._shardfs.HIST_BOUNDS_NS. */
+#define LL_HIST_BUCKETS 20
+#define LL_HIST_WORDS (LL_HIST_BUCKETS + 1)
+extern const int64_t ll_hist_bounds_ns[LL_HIST_BUCKETS - 1];
+
+/* A request being counted and timed (ll_count). */
+typedef struct {
+    Session *s; /* NULL once recorded */
+    enum ll_kind kind;
+    struct timespec t0;
+} ll_timer_t;
+
+static inline ll_timer_t ll_timer_begin(Session *s, enum ll_kind kind)
 {
+    ll_timer_t t = {s, kind, {0, 0}};
     __atomic_fetch_add(&s->counts[kind], 1, __ATOMIC_RELAXED);
+    if (s->hist)
+        clock_gettime(CLOCK_MONOTONIC, &t.t0);
+    return t;
 }
+
+static inline void ll_timer_end(ll_timer_t *t)
+{
+    Session *s = t->s;
+    if (!s || !s->hist)
+        return;
+    t->s = NULL;
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int64_t ns = (int64_t)(t1.tv_sec - t->t0.tv_sec) * 1000000000 + (t1.tv_nsec - t->t0.tv_nsec);
+    int b = 0;
+    while (b < LL_HIST_BUCKETS - 1 && ns > ll_hist_bounds_ns[b])
+        b++;
+    int64_t *words = s->hist + (size_t)t->kind * LL_HIST_WORDS;
+    __atomic_fetch_add(&words[b], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&words[LL_HIST_BUCKETS], ns, __ATOMIC_RELAXED);
+}
+
+/* Count a request of `kind` and time it until ll_done() or the end of the
+ * enclosing block (a declaration: once per block, at the start of each
+ * operation's function). */
+#define ll_count(s, kind) \
+    ll_timer_t ll_timer_ __attribute__((cleanup(ll_timer_end))) = ll_timer_begin((s), (kind))
+/* The request was answered: stop its clock (what the function does after
+ * the answer, such as pushing the next object ahead, is not counted). */
+#define ll_done() ll_timer_end(&ll_timer_)
 
 /* Attributes of an inode as the handlers describe it: a directory (0555,
  * 2 links) or an object (0444, 1 link) of `size` bytes, times `time_ns`

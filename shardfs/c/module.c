@@ -141,6 +141,14 @@ const char *const ll_kind_names[LL_KINDS] = {
 
 const char *const ll_stat_names[LL_STATS] = {"lookups", "probes", "pushed", "push_refused", "hash_probes"};
 
+/* Upper bounds of the duration buckets (ll.h), in nanoseconds: 10 µs to
+ * 10 s, 1-2.5-5 steps. */
+const int64_t ll_hist_bounds_ns[LL_HIST_BUCKETS - 1] = {
+    10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000,
+    25000000, 50000000, 100000000, 250000000, 500000000, 1000000000, 2500000000, 5000000000,
+    10000000000,
+};
+
 /* A tuple of `n` names. New reference, or NULL with an exception. */
 static PyObject *names_tuple(const char *const *names, int n)
 {
@@ -202,6 +210,21 @@ static PyObject *table_generation(PyObject *module, PyObject *unused)
     return PyLong_FromUnsignedLongLong(sfs_table_generation);
 }
 
+/* HIST_BOUNDS_NS: ll_hist_bounds_ns as a tuple of ints. */
+static PyObject *hist_bounds(void)
+{
+    PyObject *t = PyTuple_New(LL_HIST_BUCKETS - 1);
+    for (int i = 0; t && i < LL_HIST_BUCKETS - 1; i++) {
+        PyObject *v = PyLong_FromLongLong(ll_hist_bounds_ns[i]);
+        if (!v) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
 static PyMethodDef module_functions[] = {
     {"build_sidecar", (PyCFunction)(void (*)(void))build_sidecar, METH_VARARGS | METH_KEYWORDS,
      "build_sidecar(reader, path, identity32): write the sidecar of an open Reader at path "
@@ -210,6 +233,14 @@ static PyMethodDef module_functions[] = {
      "key_prefixes(shard) -> bytes: the top 40 bits of the shard's live keys, sorted, distinct, "
      "as little-endian u64 (8 bytes each): a run for write_global_index. `shard` is a "
      "shardfs.Shard or a Reader; the index is read with pread (OSError if the file shrank)."},
+    {"probe_shards", (PyCFunction)(void (*)(void))probe_shards, METH_VARARGS | METH_KEYWORDS,
+     "probe_shards(paths, prefix_budget=0) -> list: open, validate and close each path "
+     "as a Read Shard (shardfs/c/probe.h), GIL released. Item i is None when "
+     "paths[i] could not be (open it to get the error), else (st_dev, st_ino, st_rdev, st_mode, "
+     "st_size, st_mtime_ns, st_ctime_ns, st_mtime, objects_count, slot_count, extent, identity32, "
+     "prefixes): the fstat of the validated descriptor, header and index counts, extent in bytes, "
+     "shardfs.sidecar.identity, and key_prefixes() while the shards given them (in order) total "
+     "at most prefix_budget slots, else None."},
     {"write_global_index", (PyCFunction)(void (*)(void))write_global_index,
      METH_VARARGS | METH_KEYWORDS,
      "write_global_index(path, runs): write a global index level at path (temporary file, "
@@ -322,6 +353,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddObject(m, "LookupPackWriter", (PyObject *)&LookupPackWriterType) < 0 ||
         PyModule_AddObject(m, "REQUEST_KINDS", names_tuple(ll_kind_names, LL_KINDS)) < 0 ||
         PyModule_AddObject(m, "STAT_WORDS", names_tuple(ll_stat_names, LL_STATS)) < 0 ||
+        PyModule_AddObject(m, "HIST_BOUNDS_NS", hist_bounds()) < 0 ||
         PyModule_AddIntConstant(m, "SHARD_REMOVED", LL_REMOVED) < 0 ||
         PyModule_AddIntConstant(m, "SHARD_UNKNOWN", LL_UNKNOWN) < 0 ||
         PyModule_AddIntConstant(m, "RESOLVE_FOUND", LL_FOUND) < 0 ||

@@ -166,6 +166,7 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     Session *s = fuse_req_userdata(req);
     ll_count(s, LL_READ);
     if (ll_fast_read(s, req, ino, size, off)) {
+        ll_done();
         if (off == 0) /* after the answer: this read waits for nothing more */
             ll_fast_push_ahead(s, ino);
         return;

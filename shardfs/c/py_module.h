@@ -289,6 +289,8 @@ PyObject *rbd_list(PyObject *module, PyObject *pool);
 PyObject *rbd_open_images(PyObject *module, PyObject *unused);
 PyObject *write_global_index(PyObject *module, PyObject *args, PyObject *kwds);
 PyObject *merge_global_index(PyObject *module, PyObject *args, PyObject *kwds);
+/* probe_shards (py_probe.c). */
+PyObject *probe_shards(PyObject *module, PyObject *args, PyObject *kwds);
 
 #pragma GCC visibility pop
 

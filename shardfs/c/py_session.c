@@ -42,6 +42,8 @@ static void Session_dealloc(Session *self)
         PyBuffer_Release(&self->seq_view);
     if (self->stats_view.obj)
         PyBuffer_Release(&self->stats_view);
+    if (self->hist_view.obj)
+        PyBuffer_Release(&self->hist_view);
     pthread_mutex_destroy(&self->py_lock);
     Py_XDECREF(self->fs);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -250,23 +252,28 @@ static int words_buffer(PyObject *obj, Py_buffer *view, size_t words, const char
     return 0;
 }
 
-/* serve(threads, counts=None, seq=None, stats=None) -> int: serve
+/* serve(threads, counts=None, seq=None, stats=None, hist=None) -> int: serve
  * requests until the mount ends, with at most `threads` threads (started
- * as requests wait for one), each reading its own clone of the device;
- * the GIL is released. `counts`: LL_KINDS native int64 words where
+ * as requests wait for one), all reading the session's descriptor (the
+ * worker's clone of the device, of which its coordinator keeps a copy:
+ * requests read by a dead worker can then be resent, worker.py); the
+ * GIL is released. `counts`: LL_KINDS native int64 words where
  * requests are counted by kind (shared memory), else the session's own.
  * `seq`: the word where the coordinator publishes its shard table's
  * sequence (requests go to the handlers until they applied it); `stats`:
  * five words counting the lookups and index probes answered in C, the
  * objects pushed ahead, the pushes the kernel refused and the hash index
- * probes of lookups by sha1 or sha1_git (ll_fast.c). Returns
- * libfuse's status (0: unmounted). */
+ * probes of lookups by sha1 or sha1_git (ll_fast.c); `hist`:
+ * LL_KINDS * LL_HIST_WORDS words where requests' durations are counted
+ * (ll.h), else they are not timed. Returns libfuse's status (0:
+ * unmounted). */
 static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"threads", "counts", "seq", "stats", NULL};
+    static char *kwlist[] = {"threads", "counts", "seq", "stats", "hist", NULL};
     int threads;
-    PyObject *counts = Py_None, *seq = Py_None, *stats = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOO:serve", kwlist, &threads, &counts, &seq, &stats))
+    PyObject *counts = Py_None, *seq = Py_None, *stats = Py_None, *hist = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOO:serve", kwlist, &threads, &counts, &seq, &stats,
+                                     &hist))
         return NULL;
     if (!session_ready(self))
         return NULL;
@@ -288,6 +295,11 @@ static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
         return NULL;
     if (stats != Py_None && words_buffer(stats, &self->stats_view, LL_STATS, "stats") < 0)
         return NULL;
+    if (hist != Py_None) {
+        if (words_buffer(hist, &self->hist_view, (size_t)LL_KINDS * LL_HIST_WORDS, "hist") < 0)
+            return NULL;
+        self->hist = self->hist_view.buf;
+    }
     self->fast = ll_fast_new(self->seq_view.obj ? self->seq_view.buf : NULL,
                              self->stats_view.obj ? self->stats_view.buf : NULL);
     if (!self->fast)
@@ -296,7 +308,7 @@ static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
     struct fuse_loop_config *cfg = fuse_loop_cfg_create();
     if (!cfg)
         return PyErr_NoMemory();
-    fuse_loop_cfg_set_clone_fd(cfg, 1);
+    fuse_loop_cfg_set_clone_fd(cfg, 0);
     self->store_max = threads - 1;
     fuse_loop_cfg_set_max_threads(cfg, (unsigned)threads);
     fuse_loop_cfg_set_idle_threads(cfg, (unsigned)threads);

@@ -44,8 +44,10 @@ what must be decided in one place:
   reports each on a pipe (a build may read a whole index: the coordinator
   keeps going meanwhile, and publishes the sidecars that are ready once per
   turn of its loop).
-* **Workers.** A worker that dies is replaced at once (its own clone of the
-  FUSE device makes the kernel fail the requests it held); SIGINT, SIGTERM
+* **Workers.** A worker that dies is replaced at once; the requests it had
+  read are first queued again for the others (`_release_clone`: the
+  coordinator holds a copy of each worker's clone of the FUSE device, so
+  the kernel keeps them until asked to resend); SIGINT, SIGTERM
   and ``shardfs umount`` end every process and remove the mount. Workers
   die with the coordinator (``PR_SET_PDEATHSIG``).
 
@@ -74,12 +76,13 @@ from shardfs import rbd
 from shardfs.shard import is_remote_source
 from shardfs import sidecar as sidecar_mod
 from shardfs.errors import RESOURCE_ERRORS, ShardError
+from shardfs.fuse import service
 from shardfs.fuse import worker as worker_mod
 from shardfs.fuse.handlers import ShardFS
 from shardfs.fuse.layout import object_inode
 from shardfs.fuse.openfiles import OpenFiles
 from shardfs.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
-from shardfs.fuse.shared import SEQ, SharedState
+from shardfs.fuse.shared import RESTARTS, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -188,13 +191,15 @@ class Coordinator:
     `shardfs.fuse.mount.serve`; `report(message)` writes the readiness line;
     `description` says what is mounted, for the log; `private_fds` are
     descriptors of this process the workers must not keep; `catalog` a
-    `shardfs.winery.Catalog` to follow (a winery mount) instead of files.
+    `shardfs.winery.Catalog` to follow (a winery mount) instead of files;
+    `metrics` HOST:PORT where Prometheus metrics are served
+    (`shardfs.fuse.metrics`), None for none.
     """
 
     def __init__(self, fs: ShardFS, mountpoint: str, options: Sequence[str], workers: int,
                  report: Callable[[str], None], on_ready: Optional[Callable[[], None]] = None,
                  description: str = "", private_fds: Sequence[int] = (),
-                 catalog: object = None) -> None:
+                 catalog: object = None, metrics: Optional[str] = None) -> None:
         self.fs = fs
         self.shards: ShardSet = fs.shards
         self.mountpoint = mountpoint
@@ -208,7 +213,15 @@ class Coordinator:
         self.state: Optional[SharedState] = None
         self.session: Any = None  # shardfs._shardfs.Session, once mounted
         self._positions: Dict[int, int] = {}  # worker pid -> position
+        #: worker pid -> the coordinator's copy of the clone it serves (`_spawn`)
+        self._clones: Dict[int, int] = {}
+        #: Whether the kernel resends requests (`worker.resend`): None until asked.
+        self._resends: Optional[bool] = None
         self._restarts: Dict[int, List[float]] = {}
+        self.metrics = metrics
+        self._metrics_server: Any = None
+        #: Shards and objects served as of the last publication (for the metrics thread).
+        self._served = (0, 0)
         self._builder: Optional[dict] = None  # the sidecar builder: see _start_builder
         self._removed_at: Dict[int, float] = {}  # number -> monotonic time of the removal
         self._close_check_at = 0.0
@@ -302,7 +315,15 @@ class Coordinator:
             if not self._answers():
                 self.report("error: the new mount does not answer")
                 return 1
+            if self.metrics is not None:
+                self._serve_metrics()
             self.report("ok")
+            # The report closed the private descriptors (the readiness
+            # pipe): their numbers are free for this process's next
+            # descriptors (a replacement worker's clone), which a worker
+            # must not close as private.
+            self.private_fds = ()
+            service.notify(f"READY=1\nSTATUS=serving {len(self.shards.served())} shard(s) on {self.mountpoint}")
             if later:
                 self._publish()
             log.info("serving %s with %d worker(s)", self.mountpoint, self.nworkers)
@@ -341,17 +362,54 @@ class Coordinator:
         changed nothing since), which the worker then need not read (with
         100,000 shards, 34 MB of JSON: a second or two before it answers);
         -1: it reads the newest table whole."""
-        pid = os.fork()
+        try:
+            clone = worker_mod.open_clone(self.session.fileno())
+        except OSError as exc:  # the worker tries itself; what it reads is not kept if it dies
+            log.warning("cannot make a clone of the FUSE connection for worker position %d: %s", position, exc)
+            clone = -1
+        try:
+            pid = os.fork()
+        except BaseException:
+            if clone >= 0:
+                os.close(clone)
+            raise
         if pid == 0:
-            fds = self.private_fds
+            fds = tuple(fd for fd in self.private_fds if fd != clone) + tuple(self._clones.values())
             if self._inotify is not None:
                 fds += (self._inotify.fileno(),)
             if self._control_fd is not None:
                 fds += (self._control_fd,)
+            if self._metrics_server is not None:
+                fds += (self._metrics_server.fileno(),)
             worker_mod.run(self.fs, self.session, self.state, position, self.pid, WORKER_THREADS, close_fds=fds,
-                           published=published)
+                           published=published, clone=clone)
         self._positions[pid] = position
+        if clone >= 0:
+            self._clones[pid] = clone
         log.debug("worker %d started at position %d", pid, position)
+
+    def _release_clone(self, pid: int, died: bool) -> None:
+        """Let go of the copy of the connection's clone that worker `pid`
+        served. When it `died`, first ask the kernel to queue again what
+        it had read and not answered (`worker.resend`), so that its
+        callers get their answers from the other workers; where the kernel
+        cannot (before Linux 6.9), closing the copy ends them with
+        ECONNABORTED, said once."""
+        clone = self._clones.pop(pid, None)
+        if clone is None:
+            return
+        if died and self._resends is not False:
+            try:
+                self._resends = worker_mod.resend(self.session.fileno())
+            except OSError as exc:
+                log.warning("cannot ask the kernel to resend the requests of worker %d: %s", pid, exc)
+            else:
+                if self._resends:
+                    log.info("requests worker %d held were queued again for the other workers", pid)
+                else:
+                    log.warning("this kernel cannot resend requests (FUSE_NOTIFY_RESEND: Linux 6.9 and later): "
+                                "those a dead worker held end with ECONNABORTED")
+        os.close(clone)
 
     def _reap(self) -> None:
         while True:
@@ -368,6 +426,7 @@ class Coordinator:
             if position is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
+            self._release_clone(pid, died=code != 0)
             if code == 0:
                 if not self._ended:
                     log.info("the FUSE session of %s ended", self.mountpoint)
@@ -384,6 +443,7 @@ class Coordinator:
                 self._stopping = True
                 continue
             self._restarts[position] = recent + [now]
+            self.state.words[RESTARTS] += 1
             log.warning("worker %d (position %d) died (%s): starting another", pid, position, how)
             self._spawn(position)
 
@@ -402,6 +462,7 @@ class Coordinator:
         kernel ends the session; any still there after STOP_GRACE is
         killed."""
         self._stopping = True
+        service.notify("STOPPING=1")
         self._unmount()
         deadline = time.monotonic() + STOP_GRACE
         signalled = False
@@ -1101,10 +1162,26 @@ class Coordinator:
 
     def _publish(self) -> int:
         """Publish the table (`table`); returns its sequence number."""
+        served = self.shards.served()
+        self._served = (len(served), sum(m.objects_count for m in served))
         seq = self.state.publish(self.table())
         self._publish_at = None
         self._published_at = time.monotonic()
         return seq
+
+    def _serve_metrics(self) -> None:
+        """Serve the mount's metrics at `metrics` (`shardfs.fuse.metrics`:
+        a thread of prometheus_client's). Raises OSError when the address
+        cannot be bound, ImportError without prometheus_client."""
+        from shardfs.fuse import metrics
+
+        def figures() -> Dict[str, int]:
+            shards, objects = self._served
+            return {"shards": shards, "objects": objects, "workers": len(self._positions),
+                    "restarts": self.state.words[RESTARTS]}
+
+        self._metrics_server = metrics.serve(self.metrics, metrics.MountCollector(self.state, figures))
+        log.info("metrics of %s at http://%s/metrics", self.mountpoint, self.metrics)
 
     def _publish_later(self) -> None:
         """Publish a change workers need not see at once (a sidecar built)
@@ -1162,6 +1239,10 @@ class Coordinator:
                     os.close(self._control_fd)  # the name must go with the coordinator
                 worker_mod._die_with(self.pid, worker_mod.BUILDER_NAME)
                 os.close(self.session.fileno())
+                for clone in self._clones.values():
+                    os.close(clone)
+                if self._metrics_server is not None:
+                    os.close(self._metrics_server.fileno())
                 served = [m.identity for m in self.shards.served() if m.identity]
                 # Shards opened one at a time, as the index and the records read them.
                 _build_batches(w, b"index", index_batches(unindexed), "build the global index in %s" % (
@@ -1280,6 +1361,10 @@ class Coordinator:
     # ------------------------------------------------------------ closing
 
     def _close(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
         if self._control is not None:
             if self._control.fileno() >= 0:
                 _closing(self._control.fileno())

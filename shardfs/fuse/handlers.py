@@ -62,6 +62,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from shardfs import __version__ as shardfs_version
 from shardfs import _shardfs
 from shardfs import sidecar as sidecar_mod
 from shardfs.errors import RESOURCE_ERRORS, ShardError
@@ -208,6 +209,11 @@ class RequestHooks:
         since the mount; counted by the C request path of worker processes
         only (0, 0 here)."""
         return (0, 0)
+
+    def restarts(self) -> int:
+        """Worker processes that died and were replaced since the mount
+        (none here: one process)."""
+        return 0
 
     def per_process(self) -> List[int]:
         """Requests served by each process serving the mount."""
@@ -880,6 +886,8 @@ class ShardFS:
             "push_refused": refused,
             "objects": sum(m.objects_count for m in served),
             "workers": self.hooks.per_process(),
+            "restarts": self.hooks.restarts(),
+            "version": shardfs_version,
             "python": self.hooks.python_requests(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,
             "records": {"packs": len(self.shards.records.packs),

@@ -184,7 +184,7 @@ def check_mountpoint(mountpoint: str) -> str:
 #: ``-o`` options shardfs reads itself (never given to libfuse):
 #: owner of every file, layout, slicing, sidecar cache directory, number
 #: of worker processes.
-OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "winery_pools_dir", "hashes",
+OWN_OPTIONS = ("uid", "gid", "layout", "slicing", "cache_dir", "workers", "metrics", "winery_pools_dir", "hashes",
                "ceph_conf", "ceph_id", "ceph_timeout", "winery_rbd", "s3_endpoint", "s3_region", "s3_timeout")
 
 #: Options mount(8) and mount.fuse3 pass by default (``rw,dev,suid`` for
@@ -355,12 +355,15 @@ def serve(
     on_ready: Optional[Callable[[], None]] = None,
     workers: Optional[int] = None,
     winery: "Optional[Tuple[object, object]]" = None,
+    metrics: Optional[str] = None,
 ) -> int:
     """Mount the shard set on `mountpoint` and serve until unmounted or
     signalled, with `workers` worker processes (default:
     `shardfs.fuse.coordinator.default_workers()`); see
     `shardfs.fuse.coordinator`. `winery`: (catalog, view) of
-    `open_winery`, for a mount of a winery deployment.
+    `open_winery`, for a mount of a winery deployment. `metrics`:
+    HOST:PORT where the coordinator serves Prometheus metrics
+    (`shardfs.fuse.metrics`), None for none.
 
     SIGINT and SIGTERM unmount and end every process; SIGHUP rescans the
     shards and checks them for takedowns. The filesystem is unmounted on the way out whatever happens.
@@ -384,7 +387,7 @@ def serve(
                               report=lambda message: _report(ready_fd, message), on_ready=on_ready,
                               description=description,
                               private_fds=(ready_fd,) if ready_fd is not None else (),
-                              catalog=catalog)
+                              catalog=catalog, metrics=metrics)
     try:
         status = coordinator.serve()
     except (KeyboardInterrupt, SystemExit):
@@ -469,7 +472,9 @@ def mount_shards(
     `shardfs.sidecar.default_cache_dir()`). The same settings may come as
     ``-o layout=,slicing=,cache_dir=``, and ``-o uid=,gid=`` set the owner
     of every file, ``-o workers=N`` the number of worker processes (1 to
-    64; default: the CPUs, at least 2); arguments win over ``-o``. `helper`: run by mount.fuse3
+    64; default: the CPUs, at least 2), ``-o metrics=HOST:PORT`` where
+    Prometheus metrics are served (``/metrics``: `shardfs.fuse.metrics`);
+    arguments win over ``-o``. `helper`: run by mount.fuse3
     (see `build_options`).
 
     Checked before anything is mounted: the options, the mount point
@@ -536,6 +541,14 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
     s3_timeout = own.get("s3_timeout")
     if s3_timeout is not None and (not s3_timeout.isdigit() or int(s3_timeout) < 1):
         raise _shard_error(f"mount option s3_timeout={s3_timeout}: expected whole seconds, at least 1")
+    metrics = own.get("metrics")
+    if metrics is not None:
+        from shardfs.fuse.metrics import parse_address
+
+        try:
+            parse_address(metrics)
+        except ValueError as exc:
+            raise _shard_error(f"mount option metrics={exc} (metrics=HOST:PORT)") from None
     conf = own.get("ceph_conf")
     if conf is not None:
         conf = os.path.abspath(conf)
@@ -554,6 +567,7 @@ def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str]
         "uid": int(own["uid"]) if "uid" in own else None,
         "gid": int(own["gid"]) if "gid" in own else None,
         "workers": workers or (int(own["workers"]) if "workers" in own else None),
+        "metrics": metrics,
         "hashes": hashes,
     }
 
@@ -610,7 +624,7 @@ def _serve_foreground(shards: "ShardSet", mountpoint: str, options: List[str], s
         use_hashes(shards, settings["hashes"])
         layout = choose_layout(settings["layout"], settings["slicing"], shards)
         return serve(shards, mountpoint, options, layout, settings["uid"], settings["gid"],
-                     workers=settings["workers"], winery=winery)
+                     workers=settings["workers"], winery=winery, metrics=settings["metrics"])
     finally:
         shards.close()
 
@@ -802,6 +816,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--uid", type=int)
     parser.add_argument("--gid", type=int)
     parser.add_argument("--workers", type=int)
+    parser.add_argument("--metrics")
     parser.add_argument("--hashes")
     parser.add_argument("--ceph-conf")
     parser.add_argument("--ceph-id")
@@ -859,6 +874,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
                 on_ready=lambda: _detach_stderr(args.log_file),
                 workers=args.workers,
                 winery=winery,
+                metrics=args.metrics,
             )
         except Exception as exc:
             _report(ready_fd, f"error: {exc}")

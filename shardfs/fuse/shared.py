@@ -27,6 +27,9 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
   handlers (one request at a time) to theirs; `lookups` and `hash_probes`
   add the two up. (A read-modify-write from Python of a word C adds to
   would lose every C add landing between its read and its write.)
+* **Request durations per worker position**: for each request kind, a
+  count per duration bucket and the sum of nanoseconds (counted by the
+  C request path, atomically: shardfs/c/ll.h), for the mount's metrics.
 * **A ring of inodes per worker position**, for objects read from a winery
   database (`shardfs.fuse.winery`): such an object has no shard slot to
   name it, so the worker that first answers for it gives it the next
@@ -56,6 +59,13 @@ REQUEST_KINDS = _shardfs.REQUEST_KINDS
 #: handler name, in this order; "other" for a handler not listed.
 PYTHON_KINDS = ("lookup", "getattr", "read", "readdir", "statfs", "access", "getxattr", "listxattr", "other")
 
+#: Upper bounds of the request duration buckets, nanoseconds (shardfs/c/ll.h).
+HIST_BOUNDS_NS = _shardfs.HIST_BOUNDS_NS
+#: Words per request kind of a duration histogram: a count per bucket
+#: (the bounds, then above the last), then the sum of nanoseconds.
+HIST_WORDS = len(HIST_BOUNDS_NS) + 2
+HIST_ROW_WORDS = HIST_WORDS * len(REQUEST_KINDS)
+
 #: Most worker processes a mount may have.
 MAX_WORKERS = 64
 #: Bytes the shard table may take (JSON; ~200 bytes per shard).
@@ -65,12 +75,15 @@ TABLE_BYTES = 64 << 20
 RING_ENTRIES = 1 << 18
 RING_WORDS = 6
 
-_HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes, [2] change's length, [3] its base
+_HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes, [2] change's length, [3] its base,
+# [RESTARTS] workers that died and were replaced (the coordinator's)
 #: Word of the table's sequence number (even; odd while it is written).
 SEQ = 0
 _TABLE_LEN = 1
 _CHANGE_LEN = 2
 _CHANGE_BASE = 3
+#: Word of the count of workers that died and were replaced (written by the coordinator).
+RESTARTS = 4
 ROW_WORDS = 64
 # Row layout: LOOKUPS..HASH_PROBES are the words the C request path
 # counts in (shardfs/c/ll_fast.c, atomically: lookups, index probes,
@@ -105,7 +118,8 @@ class SharedState:
         self.workers = workers
         self._rows = _HEADER_WORDS
         self._rings = self._rows + ROW_WORDS * workers
-        self._table = 8 * (self._rings + RING_WORDS * RING_ENTRIES * workers)
+        self._hists = self._rings + RING_WORDS * RING_ENTRIES * workers
+        self._table = 8 * (self._hists + HIST_ROW_WORDS * workers)
         self.mm = mmap.mmap(-1, self._table + TABLE_BYTES)
         self.words = memoryview(self.mm)[: self._table].cast("q")
         self._last: Tuple[int, Any] = (-1, None)
@@ -193,6 +207,30 @@ class SharedState:
     def row(self, position: int) -> int:
         """Word index of the row of worker `position`."""
         return self._rows + ROW_WORDS * position
+
+    def hist(self, position: int) -> memoryview:
+        """The request duration counters of worker `position` (native int64
+        words: HIST_WORDS per kind of REQUEST_KINDS, shardfs/c/ll.h), for
+        the C request path to count in."""
+        base = self._hists + HIST_ROW_WORDS * position
+        return self.words[base:base + HIST_ROW_WORDS]
+
+    def durations(self) -> Dict[str, Tuple[List[int], int]]:
+        """Request durations over every worker, by kind (kinds never seen
+        left out): (requests per bucket, in the order of HIST_BOUNDS_NS
+        then one above the last bound; the sum of their nanoseconds)."""
+        out: Dict[str, Tuple[List[int], int]] = {}
+        for i, kind in enumerate(REQUEST_KINDS):
+            buckets, total = [0] * (HIST_WORDS - 1), 0
+            for position in range(self.workers):
+                base = self._hists + HIST_ROW_WORDS * position + HIST_WORDS * i
+                words = self.words[base:base + HIST_WORDS]
+                for b in range(HIST_WORDS - 1):
+                    buckets[b] += words[b]
+                total += words[HIST_WORDS - 1]
+            if any(buckets):
+                out[kind] = (buckets, total)
+        return out
 
     def counts(self, position: int) -> memoryview:
         """The request counters of worker `position` (native int64 words,

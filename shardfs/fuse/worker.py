@@ -6,11 +6,14 @@ filesystem and the shard set as they were then. A worker:
 
 1. asks the kernel to end it with its coordinator (``PR_SET_PDEATHSIG``):
    no worker outlives a killed coordinator;
-2. gives itself its own clone of the FUSE device (``FUSE_DEV_IOC_CLONE`` on
-   a fresh ``/dev/fuse``, ``dup2`` over the session's descriptor); the
-   threads of its loop clone their own too. If it dies, the kernel answers
-   the requests it held with an error (ECONNABORTED) instead of leaving
-   their callers waiting for ever, and the other workers keep serving;
+2. serves its own clone of the FUSE device (``FUSE_DEV_IOC_CLONE`` on a
+   fresh ``/dev/fuse``, made by the coordinator before the fork and put
+   over the session's descriptor with ``dup2``), read by every thread of
+   its loop. The coordinator keeps a copy: if the worker dies, the
+   requests it had read stay with the kernel, which the coordinator asks
+   to queue them again (``FUSE_NOTIFY_RESEND``, `resend`) for the other
+   workers before it lets its copy go; on a kernel without it, letting go
+   ends them with ECONNABORTED (no caller waits for ever);
 3. runs the C request path (``Session.serve``: libfuse's multithreaded
    loop, the GIL released) until the mount ends. Requests C cannot answer
    alone call the handlers (`shardfs.fuse.handlers.ShardFS`), one at a
@@ -40,7 +43,7 @@ from typing import Any, Dict
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.shardset import MountedShard, ShardSet
 from shardfs.fuse.shared import (HASH_PROBES, LOOKUPS, PY_HASH_PROBES, PY_LOOKUPS, PY_PROBES, PYTHON, PYTHON_KINDS,
-                                 SEQ, SharedState)
+                                 RESTARTS, SEQ, SharedState)
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -48,6 +51,8 @@ log = logging.getLogger("shardfs.fuse")
 #: of another one (its number as a u32): _IOR(229, 0, uint32_t), from the
 #: kernel's include/uapi/linux/fuse.h.
 FUSE_DEV_IOC_CLONE = 0x8004E500
+#: The notify code of FUSE_NOTIFY_RESEND (include/uapi/linux/fuse.h, protocol 7.40).
+FUSE_NOTIFY_RESEND = 7
 
 #: Word of each handler's counter in a row's PYTHON_KINDS counters.
 _PYTHON_INDEX = {kind: i for i, kind in enumerate(PYTHON_KINDS)}
@@ -123,6 +128,9 @@ class WorkerHooks(RequestHooks):
 
     def per_process(self) -> "list[int]":
         return self.state.per_position()
+
+    def restarts(self) -> int:
+        return self.state.words[RESTARTS]
 
     def start(self) -> None:
         """Take over the row (a replacement keeps counting from the totals
@@ -206,16 +214,36 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int, chang
         shards.hashes.generation += 1  # shards' `hashes` may have changed
 
 
-def clone_session_fd(session_fd: int) -> None:
-    """Replace descriptor `session_fd` (the FUSE session's) by a clone of
-    the connection: a new /dev/fuse descriptor attached to it. Raises
-    OSError when the kernel refuses."""
+def open_clone(session_fd: int) -> int:
+    """A new /dev/fuse descriptor (close-on-exec) attached to the
+    connection of `session_fd` (``FUSE_DEV_IOC_CLONE``): requests read on
+    it are answered on it, and the kernel ends those still unanswered
+    when its last copy is closed. Raises OSError when the kernel
+    refuses."""
     fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     try:
         fcntl.ioctl(fd, FUSE_DEV_IOC_CLONE, struct.pack("I", session_fd))
-        os.dup2(fd, session_fd, inheritable=False)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def resend(session_fd: int) -> bool:
+    """Ask the kernel to queue again every request of the connection that
+    servers have read but not answered (``FUSE_NOTIFY_RESEND``, protocol
+    7.40, Linux >= 6.9): any server of the connection reads them again,
+    their ``unique`` marked with bit 63; a late answer to the first copy
+    is refused (ENOENT), which libfuse ignores. True when the kernel took
+    it; False when it does not know the notification (EINVAL). Other
+    OSError is raised."""
+    try:
+        os.write(session_fd, struct.pack("<IiQ", 16, FUSE_NOTIFY_RESEND, 0))
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    return True
 
 
 def _die_with(coordinator: int, name: bytes) -> None:
@@ -230,7 +258,7 @@ def _die_with(coordinator: int, name: bytes) -> None:
 
 
 def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinator: int, threads: int,
-        close_fds: "tuple[int, ...]" = (), published: int = -1) -> None:
+        close_fds: "tuple[int, ...]" = (), published: int = -1, clone: int = -1) -> None:
     """Body of a freshly forked worker; never returns (exits the process:
     0 when the session ended, 1 on error). `session` is the mount's
     `shardfs._shardfs.Session`; `threads` the most threads serving;
@@ -238,7 +266,10 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
     (`Coordinator._spawn`), -1 when unknown; it may be ahead of the
     published sequence (a new mount writes its first table once the
     workers serve): the worker then waits for nothing, its set is that
-    table's."""
+    table's. `clone`: the worker's own descriptor of the connection
+    (`open_clone`, made by the coordinator, which keeps a copy so that
+    what this worker read is not lost if it dies), put in place of the
+    session's; -1: the worker makes its own."""
     status = 1
     try:
         _die_with(coordinator, WORKER_NAME)
@@ -252,7 +283,10 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
                 os.close(fd)
             except OSError:
                 pass
-        clone_session_fd(session.fileno())
+        if clone < 0:
+            clone = open_clone(session.fileno())
+        os.dup2(clone, session.fileno(), inheritable=False)
+        os.close(clone)
         hooks = WorkerHooks(fs.shards, state, position, coordinator)
         fs.hooks = hooks
         if fs.winery is not None:
@@ -269,7 +303,7 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
         # The C request path's own words (stats[0..4] of ll_fast.c); the
         # handlers count in the row's PY_ words (end above).
         rc = session.serve(threads, counts=state.counts(position), seq=state.words[SEQ:SEQ + 1],
-                           stats=state.words[row + LOOKUPS:row + HASH_PROBES + 1])
+                           stats=state.words[row + LOOKUPS:row + HASH_PROBES + 1], hist=state.hist(position))
         status = 0 if rc == 0 else 1
         if fs.winery is not None:
             fs.winery.close()  # this worker's database connections

@@ -928,6 +928,7 @@ def _format_status(st: dict) -> str:
     workers = st.get("workers") or []
     lines.append(("workers", f"{len(workers)}, requests served: " + ", ".join(f"{w:,}" for w in workers)
                   + f"; {st.get('restarts', 0):,} restarted"))
+    lines.append(("coordinator", f"restarted {st.get('coordinator_restarts', 0):,} time(s) after it died"))
     python = st.get("python") or {}
     lines.append(("lookups", f"{st.get('lookups', 0):,} ({st.get('index_probes', 0):,} index probes); "
                              f"{sum(python.values()):,} requests reached Python"))

@@ -773,6 +773,16 @@ class ShardSet:
                   objects)
         return member
 
+    def next_number(self) -> int:
+        """The number the next shard added gets at least (numbers are never
+        reused: an inode names one object for the mount's life)."""
+        return self._next_number
+
+    def reserve_numbers(self, below: int) -> None:
+        """Give no shard added from now on a number below `below` (a
+        coordinator taking over continues the numbering of the one before)."""
+        self._next_number = max(self._next_number, below)
+
     def add_entry(self, member: MountedShard) -> MountedShard:
         """Serve `member` as the coordinator described it (a worker mirrors
         its table: nothing is opened now); returns it."""

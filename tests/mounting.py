@@ -102,10 +102,34 @@ def force_unmount(path: os.PathLike) -> None:
 
 
 def daemon_pids(mountpoint: os.PathLike) -> List[int]:
-    """Pids of the shardfs mount daemons (coordinators) serving
-    `mountpoint`; their workers are left out (see `mount_processes`)."""
+    """Pids of the coordinators serving `mountpoint`: the processes named
+    shardfs-coord (a background mount's coordinator, a child of its
+    supervisor), else the mount's processes whose parent is not one of
+    them (a mount without a supervisor); workers left out (see
+    `mount_processes`)."""
     pids = mount_processes(mountpoint)
-    return [p for p in pids if _ppid(p) not in pids]
+    named = [p for p in pids if _comm(p) == "shardfs-coord"]
+    return named or [p for p in pids if _ppid(p) not in pids]
+
+
+def supervisor_pids(mountpoint: os.PathLike) -> List[int]:
+    """Pids of the supervisors of `mountpoint` (shardfs.fuse.supervisor:
+    the background daemon, parent of the coordinator and the workers)."""
+    return [p for p in mount_processes(mountpoint) if _comm(p) == "shardfs-mount"]
+
+
+def kill_every_process(mountpoint: os.PathLike) -> List[int]:
+    """kill -9 of every process of the mount at once (each stopped first,
+    so that none acts on the death of another: a coordinator told of its
+    supervisor's death would unmount); returns their pids."""
+    pids = mount_processes(mountpoint)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    return pids
 
 
 def default_workers() -> int:
@@ -116,8 +140,9 @@ def default_workers() -> int:
 
 
 def worker_pids(mountpoint: os.PathLike) -> List[int]:
-    """Pids of the worker processes serving `mountpoint` (the coordinator's
-    children named shardfs-worker; its sidecar builder is left out)."""
+    """Pids of the worker processes serving `mountpoint` (the children,
+    named shardfs-worker, of its supervisor or of its coordinator; the
+    sidecar builder is left out)."""
     pids = mount_processes(mountpoint)
     return [p for p in pids if _ppid(p) in pids and _comm(p) == "shardfs-worker"]
 

@@ -33,6 +33,7 @@ from mounting import (
     TIMEOUT,
     build_shard,
     daemon_pids,
+    kill_every_process,
     default_workers,
     mount_processes,
     worker_pids,
@@ -782,9 +783,7 @@ def test_status_command(mounter, tmp_path):
         assert bad.returncode == 1 and bad.stdout == "" and why in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
-    pids = mount_processes(point)
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+    pids = kill_every_process(point)
     assert wait_until(lambda: all(gone(p) for p in pids))
     stale = run(SHARDFS + ["status", str(point)])
     assert stale.returncode == 1 and "stale mount" in stale.stderr and "Traceback" not in stale.stderr
@@ -918,24 +917,21 @@ def test_background_log_file_and_debug(corpus, mounter, tmp_path):
 
 
 def test_killed_daemon_recovered_by_umount_or_a_new_mount(corpus, mounter, tmp_path):
-    """kill -9 of the daemon leaves "Transport endpoint is not connected":
-    a new mount over it clears the stale mount and serves; after another
-    kill -9, umount clears it."""
+    """kill -9 of every process of the mount at once (`pkill -9`, the
+    host's OOM killer) leaves "Transport endpoint is not connected": a new
+    mount over it clears the stale mount and serves; after another such
+    kill, umount clears it."""
     path, objects = corpus
     key = next(iter(objects))
     point = mounter.mount(path, tmp_path / "m")
-    processes = mount_processes(point)
-    for pid in daemon_pids(point):
-        os.kill(pid, signal.SIGKILL)
+    processes = kill_every_process(point)
     assert wait_until(lambda: _stale(point))
     assert mounted(point)
-    # The workers die with their coordinator: nothing is left behind.
     assert wait_until(lambda: all(gone(p) for p in processes)), "orphan worker"
     proc = run(SHARDFS + ["mount", str(path), str(point)])
     assert proc.returncode == 0, proc.stderr
     assert (point / key).read_bytes() == objects[key]
-    for pid in daemon_pids(point):
-        os.kill(pid, signal.SIGKILL)
+    kill_every_process(point)
     assert wait_until(lambda: _stale(point))
     proc = run(SHARDFS + ["umount", str(point)])
     assert proc.returncode == 0, proc.stderr

@@ -27,6 +27,7 @@ import pytest
 pytest.importorskip("shardfs")
 
 from shardfs.fuse.shared import HASH_PROBES, LOOKUPS, SharedState  # noqa: E402
+from shardfs.fuse.layout import Layout  # noqa: E402
 from shardfs.fuse.worker import WorkerHooks  # noqa: E402
 
 #: What ll_fast.c does for each lookup it answers: stats[0] lookups,
@@ -137,7 +138,8 @@ def test_a_worker_that_applied_the_table_before_reads_only_the_change(tmp_path, 
     members = [coordinator.add(p) for p in paths[:5]]
     state = SharedState(1)
     # the coordinator's own table and publication
-    ns = types.SimpleNamespace(shards=coordinator, catalog=None, state=state)
+    ns = types.SimpleNamespace(shards=coordinator, catalog=None, state=state, pid=os.getpid(),
+                               fs=types.SimpleNamespace(layout=Layout.flat()))
     ns.table = lambda: Coordinator.table(ns)
     table = ns.table
     publish = lambda: Coordinator._publish(ns)  # noqa: E731
@@ -163,7 +165,8 @@ def test_a_worker_that_applied_the_table_before_reads_only_the_change(tmp_path, 
     apply_table(fresh, whole, os.getpid())
     assert _members(worker) == _members(fresh) and len(_members(worker)) == 5
     third = publish()  # nothing changed: an empty change
-    assert state.read_change(second)[1:] == ({"shards": [], "gone": []}, True) and third == second + 2
+    rest = {key: value for key, value in table().items() if key != "shards"}  # pid, next, layout
+    assert state.read_change(second)[1:] == ({"shards": [], "gone": [], **rest}, True) and third == second + 2
 
     # A table that fits, with no room for its change beside it: read whole.
     coordinator.discard(added)
@@ -174,3 +177,36 @@ def test_a_worker_that_applied_the_table_before_reads_only_the_change(tmp_path, 
     assert (seq, change) == (fourth, False) and len(whole["shards"]) == 4
     for shards in (coordinator, worker, fresh):
         shards.close()
+
+
+def test_a_coordinator_killed_while_publishing_leaves_the_table_before(tmp_path):
+    """The state lives in a memory file another process attaches to (a
+    coordinator taking over: `SharedState.attach`); a publication cut off
+    half way (the sequence left odd, the region being written garbage)
+    leaves the table before it readable whole (`read_last`), and the next
+    publication makes the sequence even again, with the change from the
+    table taken over."""
+    from shardfs.fuse import shared
+
+    state = shared.SharedState(2)
+    first = state.publish({"shards": [{"number": 0, "path": "/a"}, {"number": 1, "path": "/b"}], "next": 2})
+    # What a publication killed after its first bytes leaves behind:
+    state.words[shared.SEQ] = first + 1
+    other = state._regions[1 - state.words[shared._ACTIVE]]
+    state.mm[other:other + 15] = b"{garbage, torn "
+    attached = shared.SharedState.attach(os.dup(state.fd))
+    seq, table = attached.read_last()
+    assert seq == first + 1 and table["shards"][1]["path"] == "/b" and table["next"] == 2
+    attached.take_over(table)
+    second = attached.publish({"shards": [{"number": 0, "path": "/a"}, {"number": 2, "path": "/c"}], "next": 3})
+    assert second == first + 2 and second % 2 == 0
+    # a worker that applied the first table reads the change alone
+    seq, change, is_change = state.read_change(first)
+    assert (seq, is_change) == (second, True)
+    assert [e["number"] for e in change["shards"]] == [2] and change["gone"] == [1]
+    # a state of another layout version is refused
+    state.words[shared.VERSION] = shared.STATE_VERSION + 1
+    with pytest.raises(ValueError, match="version"):
+        shared.SharedState.attach(os.dup(state.fd))
+    attached.close()
+    state.close()

@@ -78,6 +78,9 @@ typedef struct {
     volatile int patch_init;  /* the INIT answer being written gets FUSE_PARALLEL_DIROPS */
     int store_max;            /* threads that may push bytes at once (ll_ioctl) */
     int storing;              /* threads pushing bytes now (atomic) */
+    unsigned char *init_request; /* the kernel's INIT request as read (answer_init), or NULL */
+    size_t init_request_len;  /* its bytes */
+    volatile int swallow_init; /* the INIT answer being written is dropped (a session adopted) */
 } Session;
 
 /* The extended attributes a mount has, answered by the handlers (which

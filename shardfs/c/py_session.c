@@ -4,7 +4,11 @@
  *
  * Its life, driven by shardfs.fuse.coordinator and shardfs.fuse.worker:
  * Session(fs, mountpoint, options, ...) mounts; answer_init() processes the
- * kernel's INIT request and nothing else (libfuse answers EIO to any
+ * kernel's INIT request and nothing else (and keeps its bytes:
+ * init_request()); Session(..., fd=FD, init=BYTES) adopts a connection
+ * another process mounted and initialized (a coordinator restarted or
+ * upgraded in place: shardfs.fuse.supervisor) by replaying that INIT
+ * request into libfuse, its answer not written (libfuse answers EIO to any
  * request of a session that has not seen INIT, so the worker processes are
  * forked after it); in each worker, serve() runs libfuse's multithreaded
  * loop, each thread on its own clone of /dev/fuse (clone_fd), with the GIL
@@ -45,6 +49,7 @@ static void Session_dealloc(Session *self)
     if (self->hist_view.obj)
         PyBuffer_Release(&self->hist_view);
     pthread_mutex_destroy(&self->py_lock);
+    free(self->init_request);
     Py_XDECREF(self->fs);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -59,12 +64,18 @@ static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* Session(fs, mountpoint, options, uid, gid, cache_timeout, entry_timeout):
- * mount `mountpoint` (str) with libfuse's mount `options` (a list of str,
+/* Session(fs, mountpoint, options, uid, gid, cache_timeout, entry_timeout,
+ * fd=-1, init=None): mount `mountpoint` (str) with libfuse's mount `options` (a list of str,
  * e.g. "ro", "fsname=x", "allow_other"), requests to be answered by the
  * handlers `fs`; attributes owned by uid:gid, cached `cache_timeout`
  * seconds, absent names `entry_timeout` seconds. Raises RuntimeError when
- * libfuse refuses the options or the mount (it says why on stderr). */
+ * libfuse refuses the options or the mount (it says why on stderr).
+ * With `fd` (a /dev/fuse descriptor of a mounted connection, which the
+ * session owns and closes from then on) and `init` (that connection's INIT
+ * request, bytes, as init_request() gave them), nothing is mounted: the
+ * INIT is replayed (session_adopt) and the session serves `fd`; unmount()
+ * then only ends it. ValueError when `init` is not an INIT request,
+ * RuntimeError when libfuse refuses it. */
 /* The session's I/O on /dev/fuse (fuse_session_custom_io): plain read and
  * writev, but for the answer to INIT, which gets FUSE_PARALLEL_DIROPS
  * when the kernel offers it. libfuse before 3.17.1 never passes that flag
@@ -74,6 +85,14 @@ static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static ssize_t session_writev(int fd, struct iovec *iov, int count, void *userdata)
 {
     Session *s = userdata;
+    if (s && s->swallow_init) { /* the kernel had its answer from the process that mounted */
+        ssize_t len = 0;
+        for (int i = 0; i < count; i++)
+            len += (ssize_t)iov[i].iov_len;
+        s->swallow_init = 0;
+        s->patch_init = 0;
+        return len;
+    }
     if (s && s->patch_init && count >= 2 &&
         iov[1].iov_len >= offsetof(struct fuse_init_out, flags) + sizeof(uint32_t)) {
         struct fuse_init_out *out = iov[1].iov_base;
@@ -88,15 +107,53 @@ static ssize_t session_read(int fd, void *buf, size_t len, void *userdata)
     return read(fd, buf, len);
 }
 
+/* Replay the kernel's INIT request `init` (len bytes, as answer_init read
+ * it) into the session, its answer dropped: libfuse negotiates as it did
+ * in the process that mounted, and serves the connection from then on.
+ * 0, or -1 with an exception. */
+static int session_adopt(Session *self, const char *init, Py_ssize_t len)
+{
+    if (len < (Py_ssize_t)(sizeof(struct fuse_in_header) + 8) ||
+        ((const struct fuse_in_header *)init)->opcode != FUSE_INIT) {
+        PyErr_SetString(PyExc_ValueError, "init is not a FUSE INIT request");
+        return -1;
+    }
+    struct fuse_buf buf = {.mem = malloc((size_t)len), .size = (size_t)len};
+    if (!buf.mem) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(buf.mem, init, (size_t)len);
+    self->swallow_init = 1;
+    fuse_session_process_buf(self->se, &buf);
+    free(buf.mem);
+    self->swallow_init = 0;
+    if (!self->init_done) {
+        PyErr_SetString(PyExc_RuntimeError, "libfuse refused the recorded INIT request");
+        return -1;
+    }
+    return 0;
+}
+
 static int Session_init(Session *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"fs", "mountpoint", "options", "uid", "gid", "cache_timeout", "entry_timeout", NULL};
+    static char *kwlist[] = {"fs", "mountpoint", "options", "uid", "gid", "cache_timeout", "entry_timeout",
+                             "fd", "init", NULL};
     PyObject *fs, *options, *mp;
     unsigned int uid, gid;
     double cache_timeout, entry_timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO&OIIdd:Session", kwlist, &fs, PyUnicode_FSConverter, &mp,
-                                     &options, &uid, &gid, &cache_timeout, &entry_timeout))
+    int adopt_fd = -1;
+    const char *init = NULL;
+    Py_ssize_t init_len = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO&OIIdd|iy#:Session", kwlist, &fs, PyUnicode_FSConverter, &mp,
+                                     &options, &uid, &gid, &cache_timeout, &entry_timeout, &adopt_fd, &init,
+                                     &init_len))
         return -1;
+    if (adopt_fd >= 0 && !init) {
+        Py_DECREF(mp);
+        PyErr_SetString(PyExc_ValueError, "adopting a connection (fd) needs its INIT request (init)");
+        return -1;
+    }
     if (self->se) {
         Py_DECREF(mp);
         PyErr_SetString(PyExc_RuntimeError, "Session already initialized");
@@ -135,6 +192,22 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "libfuse refused the options");
         goto out;
     }
+    static const struct fuse_custom_io io = {.writev = session_writev, .read = session_read};
+    if (adopt_fd >= 0) { /* the connection is mounted and initialized: take it over */
+        if (fuse_session_custom_io(self->se, &io, adopt_fd) != 0) {
+            fuse_session_destroy(self->se);
+            self->se = NULL;
+            PyErr_SetString(PyExc_RuntimeError, "libfuse refused the session's I/O");
+            goto out;
+        }
+        if (session_adopt(self, init, init_len) < 0) {
+            fuse_session_destroy(self->se); /* closes adopt_fd: the caller gives a copy */
+            self->se = NULL;
+            goto out;
+        }
+        rc = 0;
+        goto out;
+    }
     int mrc;
     Py_BEGIN_ALLOW_THREADS
     mrc = fuse_session_mount(self->se, PyBytes_AS_STRING(mp));
@@ -146,7 +219,6 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
         goto out;
     }
     self->mounted = 1;
-    static const struct fuse_custom_io io = {.writev = session_writev, .read = session_read};
     if (fuse_session_custom_io(self->se, &io, fuse_session_fd(self->se)) != 0) {
         PyErr_SetString(PyExc_RuntimeError, "libfuse refused the session's I/O");
         goto out;
@@ -219,6 +291,12 @@ static PyObject *Session_answer_init(Session *self, PyObject *arg)
         int r;
         Py_BEGIN_ALLOW_THREADS
         r = fuse_session_receive_buf(self->se, &buf);
+        if (r > (int)sizeof(struct fuse_in_header) && !self->init_request &&
+            ((struct fuse_in_header *)buf.mem)->opcode == FUSE_INIT &&
+            (self->init_request = malloc((size_t)r)) != NULL) { /* kept for processes that adopt it */
+            memcpy(self->init_request, buf.mem, (size_t)r);
+            self->init_request_len = (size_t)r;
+        }
         if (r > 0)
             fuse_session_process_buf(self->se, &buf);
         Py_END_ALLOW_THREADS
@@ -359,6 +437,16 @@ static PyObject *Session_invalidate_inode(Session *self, PyObject *arg)
     return notify_result(rc);
 }
 
+/* init_request() -> bytes: the kernel's INIT request as answer_init read
+ * it (header and body), for Session(..., fd=, init=) in another process;
+ * None before INIT was read. */
+static PyObject *Session_init_request(Session *self, PyObject *unused)
+{
+    if (!self->init_request)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)self->init_request, (Py_ssize_t)self->init_request_len);
+}
+
 /* unmount(): unmount (lazily, as libfuse does) and end the session; once. */
 static PyObject *Session_unmount(Session *self, PyObject *unused)
 {
@@ -397,6 +485,8 @@ static PyMethodDef Session_methods[] = {
     {"invalidate_inode", (PyCFunction)Session_invalidate_inode, METH_O,
      "invalidate_inode(ino): the kernel drops an inode's attributes and pages."},
     {"unmount", (PyCFunction)Session_unmount, METH_NOARGS, "unmount(): unmount and end the session."},
+    {"init_request", (PyCFunction)Session_init_request, METH_NOARGS,
+     "init_request() -> bytes or None: the kernel's INIT request as read, for Session(..., fd=, init=)."},
     {"counts", (PyCFunction)Session_counts, METH_NOARGS, "counts() -> requests served, by kind."},
     {"refresh", (PyCFunction)Session_refresh, METH_NOARGS,
      "refresh(): publish the handlers' state to the requests answered in C now (from a handler only)."},

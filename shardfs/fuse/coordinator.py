@@ -77,12 +77,13 @@ from shardfs.shard import is_remote_source
 from shardfs import sidecar as sidecar_mod
 from shardfs.errors import RESOURCE_ERRORS, ShardError
 from shardfs.fuse import service
+from shardfs.fuse import supervisor as supervisor_mod
 from shardfs.fuse import worker as worker_mod
 from shardfs.fuse.handlers import ShardFS
 from shardfs.fuse.layout import object_inode
 from shardfs.fuse.openfiles import OpenFiles
 from shardfs.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
-from shardfs.fuse.shared import RESTARTS, SEQ, SharedState
+from shardfs.fuse.shared import COORDINATOR_RESTARTS, PID, RESTARTS, SEQ, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -194,12 +195,25 @@ class Coordinator:
     `shardfs.winery.Catalog` to follow (a winery mount) instead of files;
     `metrics` HOST:PORT where Prometheus metrics are served
     (`shardfs.fuse.metrics`), None for none.
+
+    `supervisor`: the socket to the mount's supervisor
+    (`shardfs.fuse.supervisor`), None when there is none (a foreground
+    mount: the workers are this process's children and die with it). With
+    one, the workers are forked as the supervisor's children, it gets a copy
+    of each worker's clone and, once the first table is published, the
+    connection and the shared state. `handover` (a
+    `shardfs.fuse.supervisor.Handover`) and `state` (the `SharedState`
+    attached from it): this coordinator takes over a mount whose
+    coordinator died; `fs`'s shard set was made from the state's last
+    table (`shardfs.fuse.mount.adopted_shard_set`).
     """
 
     def __init__(self, fs: ShardFS, mountpoint: str, options: Sequence[str], workers: int,
                  report: Callable[[str], None], on_ready: Optional[Callable[[], None]] = None,
                  description: str = "", private_fds: Sequence[int] = (),
-                 catalog: object = None, metrics: Optional[str] = None) -> None:
+                 catalog: object = None, metrics: Optional[str] = None,
+                 supervisor: Optional[socket.socket] = None, handover: Any = None,
+                 state: Optional[SharedState] = None) -> None:
         self.fs = fs
         self.shards: ShardSet = fs.shards
         self.mountpoint = mountpoint
@@ -210,7 +224,13 @@ class Coordinator:
         self.description = description or mountpoint
         self.private_fds = tuple(private_fds)
         self.pid = os.getpid()
-        self.state: Optional[SharedState] = None
+        self.supervisor = supervisor
+        if supervisor is not None:
+            supervisor.setblocking(False)
+        #: The supervisor's pid (this process's parent), with a supervisor.
+        self._supervisor_pid = os.getppid() if supervisor is not None else 0
+        self.handover = handover
+        self.state: Optional[SharedState] = state
         self.session: Any = None  # shardfs._shardfs.Session, once mounted
         self._positions: Dict[int, int] = {}  # worker pid -> position
         #: worker pid -> the coordinator's copy of the clone it serves (`_spawn`)
@@ -218,6 +238,8 @@ class Coordinator:
         #: Whether the kernel resends requests (`worker.resend`): None until asked.
         self._resends: Optional[bool] = None
         self._restarts: Dict[int, List[float]] = {}
+        #: This coordinator took over from one that died (`_serve_adopted`).
+        self._adopted = False
         self.metrics = metrics
         self._metrics_server: Any = None
         #: Shards and objects served as of the last publication (for the metrics thread).
@@ -278,6 +300,8 @@ class Coordinator:
         from shardfs._shardfs import Session
         from shardfs.fuse.handlers import CACHE_TIMEOUT, ENTRY_TIMEOUT
 
+        if self.handover is not None:
+            return self._serve_adopted()
         try:
             self.session = Session(self.fs, self.mountpoint, self.options, self.fs.uid, self.fs.gid,
                                    CACHE_TIMEOUT, ENTRY_TIMEOUT)
@@ -297,6 +321,8 @@ class Coordinator:
             self.shards.in_use = self.open_files.in_use
             log.info("mounted %s", self.description)
             self.state = SharedState(self.nworkers)
+            if self.supervisor is not None:
+                os.set_inheritable(self.state.fd, False)
             # The first table (100,000 shards: a second to write) is
             # written once the mount answers: the workers are forked with
             # the set it describes, so they serve meanwhile. A winery
@@ -326,6 +352,7 @@ class Coordinator:
             service.notify(f"READY=1\nSTATUS=serving {len(self.shards.served())} shard(s) on {self.mountpoint}")
             if later:
                 self._publish()
+            self._hand_over()
             log.info("serving %s with %d worker(s)", self.mountpoint, self.nworkers)
             status = self._loop()
         except BaseException as exc:
@@ -337,6 +364,70 @@ class Coordinator:
             self._stop()
             self._close()
         return status
+
+    def _serve_adopted(self) -> int:
+        """`serve` for a coordinator taking over (`handover`): the
+        connection is served already, the workers alive are kept, the
+        shard table is published again (the sequence its predecessor may
+        have left odd made even) and every shard is rescanned and checked
+        for takedowns it may not have acted on."""
+        from shardfs._shardfs import Session
+        from shardfs.fuse.handlers import CACHE_TIMEOUT, ENTRY_TIMEOUT
+
+        fd = os.dup(self.handover.session_fd)
+        self.session = Session(self.fs, self.mountpoint, self.options, self.fs.uid, self.fs.gid,
+                               CACHE_TIMEOUT, ENTRY_TIMEOUT, fd=fd, init=self.handover.init)
+        self.fs.republish = self.session.refresh
+        self._mounted = True
+        self._adopted = True
+        status = 1
+        try:
+            self.open_files = OpenFiles(self.mountpoint)
+            self.shards.in_use = self.open_files.in_use
+            self.state.words[COORDINATOR_RESTARTS] += 1
+            self._publish()
+            self._install_signals()
+            self._watch_files()
+            self._listen_control()
+            for position in range(self.nworkers):
+                pid = self.state.words[self.state.row(position) + PID]
+                if pid > 0 and worker_mod.is_worker(pid):
+                    self._positions[pid] = position
+                else:
+                    self._spawn(position)
+            self._hold([m for m in self.shards.shards.values() if m.removed])
+            self._check_all = True  # takedowns its predecessor may not have acted on
+            self._rescan_at = time.monotonic()
+            if self.metrics is not None:
+                try:
+                    self._serve_metrics()
+                except OSError as exc:
+                    log.warning("cannot serve metrics at %s: %s", self.metrics, exc)
+            log.info("took over %s: %d worker(s) kept, %d shard(s)", self.mountpoint, len(self._positions),
+                     len(self.shards.served()))
+            status = self._loop()
+        except BaseException as exc:
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                log.exception("coordinator failed")
+            raise
+        finally:
+            self._stop()
+            self._close()
+        return status
+
+    def _hand_over(self) -> None:
+        """Give the supervisor the connection, its INIT request and the
+        shared state, once the first table is published: from then on a
+        coordinator that dies is replaced (`shardfs.fuse.supervisor`)."""
+        if self.supervisor is None:
+            return
+        from shardfs.fuse import supervisor
+
+        init = self.session.init_request()
+        try:
+            supervisor.send(self.supervisor, b"session " + (init or b""), (self.session.fileno(), self.state.fd))
+        except OSError as exc:
+            log.warning("cannot hand the connection to the supervisor: %s", exc)
 
     def _answers(self) -> bool:
         """True once a stat of the mount point is answered (by a worker)."""
@@ -367,26 +458,65 @@ class Coordinator:
         except OSError as exc:  # the worker tries itself; what it reads is not kept if it dies
             log.warning("cannot make a clone of the FUSE connection for worker position %d: %s", position, exc)
             clone = -1
+        fds = tuple(fd for fd in self.private_fds if fd != clone) + tuple(self._clones.values())
+        if self._inotify is not None:
+            fds += (self._inotify.fileno(),)
+        if self._control_fd is not None:
+            fds += (self._control_fd,)
+        if self._metrics_server is not None:
+            fds += (self._metrics_server.fileno(),)
+        if self.supervisor is not None:
+            fds += (self.supervisor.fileno(),)
         try:
-            pid = os.fork()
+            pid = self._fork_worker(position, published, clone, fds)
         except BaseException:
             if clone >= 0:
                 os.close(clone)
             raise
-        if pid == 0:
-            fds = tuple(fd for fd in self.private_fds if fd != clone) + tuple(self._clones.values())
-            if self._inotify is not None:
-                fds += (self._inotify.fileno(),)
-            if self._control_fd is not None:
-                fds += (self._control_fd,)
-            if self._metrics_server is not None:
-                fds += (self._metrics_server.fileno(),)
-            worker_mod.run(self.fs, self.session, self.state, position, self.pid, WORKER_THREADS, close_fds=fds,
-                           published=published, clone=clone)
         self._positions[pid] = position
-        if clone >= 0:
+        self.state.words[self.state.row(position) + PID] = pid
+        if clone >= 0 and self.supervisor is not None:
+            from shardfs.fuse import supervisor
+
+            try:
+                supervisor.send(self.supervisor, b"worker %d" % pid, (clone,))
+            except OSError as exc:
+                log.warning("cannot give the supervisor worker %d's clone: %s", pid, exc)
+            os.close(clone)
+        elif clone >= 0:
             self._clones[pid] = clone
         log.debug("worker %d started at position %d", pid, position)
+
+    def _fork_worker(self, position: int, published: int, clone: int, fds: "tuple[int, ...]") -> int:
+        """Fork the worker of `position`; its pid. Without a supervisor, a
+        child of this process; with one, a child of the supervisor: forked
+        by a child of this process that exits at once, telling its pid on
+        a pipe (the kernel gives an orphan to the nearest subreaper)."""
+        if self.supervisor is None:
+            pid = os.fork()
+            if pid == 0:
+                worker_mod.run(self.fs, self.session, self.state, position, self.pid, WORKER_THREADS,
+                               close_fds=fds, published=published, clone=clone)
+            return pid
+        word = self.state.row(position) + PID
+        self.state.words[word] = 0
+        middle = os.fork()
+        if middle == 0:
+            try:
+                middle = os.getpid()
+                pid = os.fork()
+                if pid == 0:
+                    worker_mod.run(self.fs, self.session, self.state, position, self.pid, WORKER_THREADS,
+                                   close_fds=fds, published=published, clone=clone,
+                                   supervisor=self._supervisor_pid, middle=middle)
+                self.state.words[word] = pid  # no descriptor needed: this may run out of them
+            finally:
+                os._exit(0)
+        os.waitpid(middle, 0)
+        pid = self.state.words[word]
+        if pid <= 0:
+            raise OSError(errno.ECHILD, "the worker of position %d was not started" % position)
+        return pid
 
     def _release_clone(self, pid: int, died: bool) -> None:
         """Let go of the copy of the connection's clone that worker `pid`
@@ -400,7 +530,7 @@ class Coordinator:
             return
         if died and self._resends is not False:
             try:
-                self._resends = worker_mod.resend(self.session.fileno())
+                self._resends = supervisor_mod.resend(self.session.fileno())
             except OSError as exc:
                 log.warning("cannot ask the kernel to resend the requests of worker %d: %s", pid, exc)
             else:
@@ -422,30 +552,58 @@ class Coordinator:
             if self._builder is not None and pid == self._builder["pid"]:
                 self._read_builder(exited=os.waitstatus_to_exitcode(status))
                 continue
-            position = self._positions.pop(pid, None)
-            if position is None:
-                continue
-            code = os.waitstatus_to_exitcode(status)
-            self._release_clone(pid, died=code != 0)
-            if code == 0:
-                if not self._ended:
-                    log.info("the FUSE session of %s ended", self.mountpoint)
-                self._ended = True
-                continue
-            how = f"signal {-code}" if code < 0 else f"status {code}"
-            if self._stopping or self._ended:
-                continue
-            now = time.monotonic()
-            recent = [t for t in self._restarts.get(position, []) if now - t < RESTART_WINDOW]
-            if len(recent) >= MAX_RESTARTS:
-                log.error("worker position %d died %d times within %g s: unmounting", position,
-                          len(recent) + 1, RESTART_WINDOW)
-                self._stopping = True
-                continue
-            self._restarts[position] = recent + [now]
-            self.state.words[RESTARTS] += 1
-            log.warning("worker %d (position %d) died (%s): starting another", pid, position, how)
-            self._spawn(position)
+            self._worker_exited(pid, os.waitstatus_to_exitcode(status))
+
+    def _read_supervisor(self) -> None:
+        """Take the supervisor's messages ("exit PID CODE": a worker
+        exited; its requests were queued again, its clone let go)."""
+        from shardfs.fuse import supervisor
+
+        while self.supervisor is not None:
+            try:
+                message, fds = supervisor.receive(self.supervisor)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                log.warning("supervisor: %s", exc)
+                message, fds = b"", []
+            for fd in fds:
+                os.close(fd)
+            if not message:  # gone: PR_SET_PDEATHSIG ends this process too
+                self.supervisor.close()
+                self.supervisor = None
+                return
+            words = message.split()
+            if len(words) == 3 and words[0] == b"exit":
+                self._worker_exited(int(words[1]), int(words[2]))
+
+    def _worker_exited(self, pid: int, code: int) -> None:
+        """Worker `pid` (or another process) exited with `code` (negative:
+        the signal): replace it unless the mount is ending."""
+        position = self._positions.pop(pid, None)
+        if position is None:
+            return
+        self.state.words[self.state.row(position) + PID] = 0
+        self._release_clone(pid, died=code != 0)
+        if code == 0:
+            if not self._ended:
+                log.info("the FUSE session of %s ended", self.mountpoint)
+            self._ended = True
+            return
+        how = f"signal {-code}" if code < 0 else f"status {code}"
+        if self._stopping or self._ended:
+            return
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(position, []) if now - t < RESTART_WINDOW]
+        if len(recent) >= MAX_RESTARTS:
+            log.error("worker position %d died %d times within %g s: unmounting", position,
+                      len(recent) + 1, RESTART_WINDOW)
+            self._stopping = True
+            return
+        self._restarts[position] = recent + [now]
+        self.state.words[RESTARTS] += 1
+        log.warning("worker %d (position %d) died (%s): starting another", pid, position, how)
+        self._spawn(position)
 
     def _unmount(self) -> None:
         """Unmount (lazily, as libfuse does: nothing waits on a busy mount)
@@ -453,6 +611,10 @@ class Coordinator:
         if self._mounted:
             self._mounted = False
             try:
+                if self._adopted:  # libfuse did not mount it here: it cannot unmount it
+                    from shardfs.fuse.mount import _run_unmount
+
+                    _run_unmount(self.mountpoint, lazy=True)
                 self.session.unmount()
             except Exception:  # pragma: no cover - close() only logs in practice
                 log.exception("unmount failed")
@@ -469,6 +631,11 @@ class Coordinator:
         children = lambda: list(self._positions) + ([self._builder["pid"]] if self._builder else [])  # noqa: E731
         while children():
             self._reap()
+            if self.supervisor is not None:
+                self._read_supervisor()
+            for pid in list(self._positions):
+                if not worker_mod.is_worker(pid):  # reaped by someone else (the supervisor died)
+                    self._positions.pop(pid, None)
             if not children():
                 break
             if time.monotonic() > deadline:
@@ -522,6 +689,10 @@ class Coordinator:
             if self._inotify is not None:
                 nursery.start_soon(self._when_readable, self._inotify.fileno(), self._read_events,
                                    lambda: self._inotify is not None)
+            if self.supervisor is not None:
+                self.supervisor.setblocking(False)
+                nursery.start_soon(self._when_readable, self.supervisor.fileno(), self._read_supervisor,
+                                   lambda: self.supervisor is not None)
             watched = None
             while True:
                 self._take(self._signals)
@@ -1105,6 +1276,11 @@ class Coordinator:
              "winery_shard": m.winery_shard}
             for _, m in sorted(self.shards.shards.items())
         ]}
+        # What a coordinator taking over needs beside the shards: whose
+        # descriptors "fd" are, the next shard number (never reused), the layout.
+        layout = self.fs.layout
+        table.update({"pid": self.pid, "next": self.shards.next_number(),
+                      "layout": "flat" if layout.is_flat else "fanout", "slicing": layout.slicing})
         if self.shards.hashes is not None:
             table["hashing"] = list(self.shards.hashes.progress)
             table["hash_levels"] = self.shards.hashes.level_names()
@@ -1178,7 +1354,8 @@ class Coordinator:
         def figures() -> Dict[str, int]:
             shards, objects = self._served
             return {"shards": shards, "objects": objects, "workers": len(self._positions),
-                    "restarts": self.state.words[RESTARTS]}
+                    "restarts": self.state.words[RESTARTS],
+                    "coordinator_restarts": self.state.words[COORDINATOR_RESTARTS]}
 
         self._metrics_server = metrics.serve(self.metrics, metrics.MountCollector(self.state, figures))
         log.info("metrics of %s at http://%s/metrics", self.mountpoint, self.metrics)
@@ -1243,6 +1420,8 @@ class Coordinator:
                     os.close(clone)
                 if self._metrics_server is not None:
                     os.close(self._metrics_server.fileno())
+                if self.supervisor is not None:
+                    self.supervisor.close()
                 served = [m.identity for m in self.shards.served() if m.identity]
                 # Shards opened one at a time, as the index and the records read them.
                 _build_batches(w, b"index", index_batches(unindexed), "build the global index in %s" % (

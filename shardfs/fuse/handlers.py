@@ -215,6 +215,11 @@ class RequestHooks:
         (none here: one process)."""
         return 0
 
+    def coordinator_restarts(self) -> int:
+        """Coordinators started since the mount after one died (none here:
+        one process)."""
+        return 0
+
     def per_process(self) -> List[int]:
         """Requests served by each process serving the mount."""
         return [sum(self.counts.values())]
@@ -887,6 +892,7 @@ class ShardFS:
             "objects": sum(m.objects_count for m in served),
             "workers": self.hooks.per_process(),
             "restarts": self.hooks.restarts(),
+            "coordinator_restarts": self.hooks.coordinator_restarts(),
             "version": shardfs_version,
             "python": self.hooks.python_requests(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,

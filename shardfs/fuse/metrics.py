@@ -30,7 +30,9 @@ Metrics (labels in braces):
 - ``shardfs_shards``, ``shardfs_objects``: shards and objects (header
   counts) served.
 - ``shardfs_workers``, ``shardfs_worker_restarts_total``: worker
-  processes, and workers that died and were replaced.
+  processes, and workers that died and were replaced;
+  ``shardfs_coordinator_restarts_total``: coordinators started after one
+  died (`shardfs.fuse.supervisor`).
 - ``shardfs_build_info{version}``: 1.
 
 Not yet: bytes served and errors answered (the C request path does not
@@ -70,7 +72,8 @@ def parse_address(text: str) -> Tuple[str, int]:
 class MountCollector:
     """A `prometheus_client` collector of one mount's figures (module
     docstring). `state` is the mount's `SharedState`; `figures()` gives the
-    coordinator's own: {"shards", "objects", "workers", "restarts"}."""
+    coordinator's own: {"shards", "objects", "workers", "restarts",
+    "coordinator_restarts"}."""
 
     def __init__(self, state: Any, figures: Callable[[], Dict[str, int]]) -> None:
         self.state = state
@@ -120,6 +123,8 @@ class MountCollector:
         yield GaugeMetricFamily("shardfs_workers", "Worker processes", value=own["workers"])
         yield CounterMetricFamily("shardfs_worker_restarts", "Worker processes that died and were replaced",
                                   value=own["restarts"])
+        yield CounterMetricFamily("shardfs_coordinator_restarts",
+                                  "Coordinators started after the one before died", value=own["coordinator_restarts"])
         yield InfoMetricFamily("shardfs_build", "The shardfs serving this mount",
                                value={"version": shardfs.__version__})
 

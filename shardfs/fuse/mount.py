@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import IO, TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:  # imported lazily at run time: the mount's modules and trio are heavy
     from shardfs.fuse.layout import Layout
@@ -356,6 +356,9 @@ def serve(
     workers: Optional[int] = None,
     winery: "Optional[Tuple[object, object]]" = None,
     metrics: Optional[str] = None,
+    supervisor: Any = None,
+    handover: Any = None,
+    state: Any = None,
 ) -> int:
     """Mount the shard set on `mountpoint` and serve until unmounted or
     signalled, with `workers` worker processes (default:
@@ -363,7 +366,9 @@ def serve(
     `shardfs.fuse.coordinator`. `winery`: (catalog, view) of
     `open_winery`, for a mount of a winery deployment. `metrics`:
     HOST:PORT where the coordinator serves Prometheus metrics
-    (`shardfs.fuse.metrics`), None for none.
+    (`shardfs.fuse.metrics`), None for none. `supervisor`, `handover`,
+    `state`: see `shardfs.fuse.coordinator.Coordinator` (a mount run by
+    `shardfs.fuse.supervisor`).
 
     SIGINT and SIGTERM unmount and end every process; SIGHUP rescans the
     shards and checks them for takedowns. The filesystem is unmounted on the way out whatever happens.
@@ -387,7 +392,8 @@ def serve(
                               report=lambda message: _report(ready_fd, message), on_ready=on_ready,
                               description=description,
                               private_fds=(ready_fd,) if ready_fd is not None else (),
-                              catalog=catalog, metrics=metrics)
+                              catalog=catalog, metrics=metrics, supervisor=supervisor, handover=handover,
+                              state=state)
     try:
         status = coordinator.serve()
     except (KeyboardInterrupt, SystemExit):
@@ -836,6 +842,62 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     # Logging: the log file, else nowhere (stderr goes away once detached).
     devnull = open(os.devnull, "w")
     setup_logging(args.debug, args.log_file, stream=devnull if not args.log_file else None)
+    if args.winery_stdin or os.environ.get("SHARDFS_NO_SUPERVISOR"):
+        # A winery mount is not supervised yet: its coordinator's death ends it.
+        # (SHARDFS_NO_SUPERVISOR: TEST ONLY, the structure of a foreground mount.)
+        return _coordinator_main(args, ready_fd)
+    from shardfs.fuse.supervisor import Supervisor
+
+    def start(handover: Any, sock: Any, ready: Optional[int]) -> None:
+        os._exit(_coordinator_main(args, ready, handover=handover, supervisor=sock))
+
+    supervisor = Supervisor(start, args.mountpoint, ready_fd)
+    return supervisor.run(on_started=lambda: _detach_stderr(args.log_file))
+
+
+def adopted_shard_set(args: argparse.Namespace, table: Dict[str, Any]) -> "ShardSet":
+    """The shard set of a coordinator taking over a mount: described from
+    the last shard table its predecessor published (the same numbers for
+    the same shards, the numbering continued after them), nothing opened;
+    the coordinator's first rescan then finds what changed since."""
+    from shardfs.fuse.worker import apply_table
+    from shardfs.shardset import ShardSet, use_global_index
+
+    shards = ShardSet(cache_dir=args.cache_dir, shard_dir=args.shard_dir)
+    shards.pinned = list(dict.fromkeys(args.shards))
+    use_global_index(shards, args.shard_dir or "\n".join(shards.pinned))
+    shards.known = None
+    use_hashes(shards, args.hashes)
+    apply_table(shards, table, table.get("pid", 0))
+    for member in shards.shards.values():
+        member.source = None  # descriptors of a process that is gone
+    shards.reserve_numbers(table.get("next", 0))
+    return shards
+
+
+def _coordinator_main(args: argparse.Namespace, ready_fd: Optional[int], handover: Any = None,
+                      supervisor: Any = None) -> int:
+    """The coordinator's part of `_daemon_main`: open the shards (or, with
+    `handover`, take over the mount from the shared state), serve."""
+    if handover is not None:
+        from shardfs.fuse.layout import Layout
+        from shardfs.fuse.shared import SharedState
+
+        try:
+            state = SharedState.attach(os.dup(handover.state_fd))
+            _seq, table = state.read_last()
+            state.take_over(table)
+            shards = adopted_shard_set(args, table)
+            layout = Layout.flat() if table.get("layout") == "flat" else Layout.fanout(table["slicing"])
+        except Exception as exc:
+            log.error("cannot take %s over: %s", args.mountpoint, exc)
+            return 1
+        try:
+            return serve(shards, args.mountpoint, args.option, layout=layout, uid=args.uid, gid=args.gid,
+                         workers=state.workers, metrics=args.metrics, supervisor=supervisor, handover=handover,
+                         state=state)
+        finally:
+            shards.close()
     winery = None
     try:
         if args.winery_stdin:
@@ -875,6 +937,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
                 workers=args.workers,
                 winery=winery,
                 metrics=args.metrics,
+                supervisor=supervisor,
             )
         except Exception as exc:
             _report(ready_fd, f"error: {exc}")

@@ -1,8 +1,13 @@
 """Memory shared by a mount's coordinator and its worker processes.
 
-One anonymous shared mapping (``mmap(-1, ...)``, MAP_SHARED), made by the
+One shared mapping of a memory file (``memfd_create``), made by the first
 coordinator before it forks the workers, so every process of the mount
-sees the same bytes. Nothing in it needs a lock: each word has one writer.
+sees the same bytes; the mount's supervisor (`shardfs.fuse.supervisor`)
+keeps the file, so that a coordinator started after the first one died
+(`SharedState.attach`) finds the table, the counters and the workers'
+process IDs where they were. Nothing in it needs a lock: each word has one
+writer. Its layout is versioned (`STATE_VERSION`, in the header): a
+process that does not know the version refuses to attach.
 
 * The **shard table**, written by the coordinator only, read by the
   workers before each request when its sequence number changed: which
@@ -10,6 +15,10 @@ sees the same bytes. Nothing in it needs a lock: each word has one writer.
   readable through open files, where their sidecars are. It is JSON, behind
   a sequence lock (the sequence is odd while the coordinator writes; a
   reader that saw it change retries), so a worker never acts on a torn copy.
+  It is written into one of two regions in turn and the region is switched
+  only once written (`_ACTIVE`): a coordinator killed while writing leaves
+  the sequence odd and the table before intact, which the next one reads
+  (`read_last`) and publishes again.
   Beside it, the **change** from the table before: the entries of shards
   added or changed, the numbers of shards gone, and the table's other
   parts. A worker that applied the table before reads the change alone
@@ -45,6 +54,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import time
 from typing import Any, Dict, List, Tuple
 
@@ -76,7 +86,8 @@ RING_ENTRIES = 1 << 18
 RING_WORDS = 6
 
 _HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes, [2] change's length, [3] its base,
-# [RESTARTS] workers that died and were replaced (the coordinator's)
+# [RESTARTS] workers that died and were replaced (the coordinator's), [VERSION], [WORKERS], [COORDINATOR_RESTARTS],
+# [_ACTIVE] the region of the table last written whole, [_REGION_LEN + r] its length in bytes
 #: Word of the table's sequence number (even; odd while it is written).
 SEQ = 0
 _TABLE_LEN = 1
@@ -84,6 +95,15 @@ _CHANGE_LEN = 2
 _CHANGE_BASE = 3
 #: Word of the count of workers that died and were replaced (written by the coordinator).
 RESTARTS = 4
+#: Word of the layout's version (`STATE_VERSION`), and of the worker positions it has.
+VERSION = 5
+WORKERS = 6
+#: Word of the count of coordinators started after one died (written by each coordinator).
+COORDINATOR_RESTARTS = 7
+_ACTIVE = 8
+_REGION_LEN = 9  # and 10
+#: The version of this layout: a process of another version does not attach.
+STATE_VERSION = 1
 ROW_WORDS = 64
 # Row layout: LOOKUPS..HASH_PROBES are the words the C request path
 # counts in (shardfs/c/ll_fast.c, atomically: lookups, index probes,
@@ -101,33 +121,80 @@ PY_LOOKUPS, PY_PROBES, PY_HASH_PROBES = 36, 37, 38
 assert KINDS + len(REQUEST_KINDS) <= PY_LOOKUPS
 #: First word of a row's PYTHON_KINDS counters (after the Python handlers' lookups and probes).
 PYTHON = PY_HASH_PROBES + 1
-assert PYTHON + len(PYTHON_KINDS) <= ROW_WORDS
+#: Word of a row holding its worker's process ID (written by the coordinator
+#: that forks it; 0: none), read by a coordinator taking over.
+PID = ROW_WORDS - 1
+assert PYTHON + len(PYTHON_KINDS) <= PID
 
 
 class SharedState:
     """The shared mapping of one mount for `workers` positions.
 
-    Made by the coordinator before forking (the mapping is inherited).
-    Virtual size is about ``8 * RING_WORDS * RING_ENTRIES * workers +
-    TABLE_BYTES`` bytes; only the pages written take memory.
+    Made by the coordinator before forking (the mapping is inherited), in
+    a memory file whose descriptor is `fd` (`attach` maps it in another
+    process). Virtual size is about ``8 * RING_WORDS * RING_ENTRIES *
+    workers + 2 * TABLE_BYTES`` bytes; only the pages written take memory.
+    Raises ValueError when `workers` is out of 1..MAX_WORKERS.
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, fd: int = -1) -> None:
         if not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"workers must be 1..{MAX_WORKERS}")
         self.workers = workers
         self._rows = _HEADER_WORDS
         self._rings = self._rows + ROW_WORDS * workers
         self._hists = self._rings + RING_WORDS * RING_ENTRIES * workers
-        self._table = 8 * (self._hists + HIST_ROW_WORDS * workers)
-        self.mm = mmap.mmap(-1, self._table + TABLE_BYTES)
-        self.words = memoryview(self.mm)[: self._table].cast("q")
+        self._regions = (8 * (self._hists + HIST_ROW_WORDS * workers),)
+        self._regions += (self._regions[0] + TABLE_BYTES,)
+        size = self._regions[1] + TABLE_BYTES
+        made = fd < 0
+        if made:
+            fd = os.memfd_create("shardfs-state", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+        elif os.fstat(fd).st_size != size:
+            raise ValueError("the shared state's file is not of this layout")
+        self.fd = fd
+        self.mm = mmap.mmap(fd, size)
+        self.words = memoryview(self.mm)[: self._regions[0]].cast("q")
+        if made:
+            self.words[VERSION] = STATE_VERSION
+            self.words[WORKERS] = workers
         self._last: Tuple[int, Any] = (-1, None)
         #: A hash of each entry of the last table published, by number
         #: (coordinator): what the next change leaves out.
         self._published: Dict[int, int] = {}
 
+    @classmethod
+    def attach(cls, fd: int) -> "SharedState":
+        """The state in memory file `fd` (its `fd`, handed over by the
+        mount's supervisor), as its maker laid it out. Raises ValueError
+        when its version is not STATE_VERSION (a shardfs of another
+        layout made it) or its size does not match."""
+        with mmap.mmap(fd, 8 * _HEADER_WORDS, prot=mmap.PROT_READ) as head:
+            words = memoryview(head).cast("q")
+            version, workers = words[VERSION], words[WORKERS]
+            words.release()
+        if version != STATE_VERSION:
+            raise ValueError(f"the mount's shared state is of version {version}, this shardfs knows {STATE_VERSION}")
+        return cls(workers, fd=fd)
+
     # ------------------------------------------------------------- table
+
+    def read_last(self) -> Tuple[int, Dict[str, Any]]:
+        """(sequence, table) of the last table written whole, for a
+        coordinator taking over: the one being read if the sequence is
+        even, else the one before the write its predecessor did not end
+        (which it then publishes again, making the sequence even)."""
+        words = self.words
+        region = self._regions[words[_ACTIVE]]
+        data = bytes(self.mm[region:region + words[_REGION_LEN + words[_ACTIVE]]])
+        return words[SEQ], json.loads(data)
+
+    def take_over(self, table: Dict[str, Any]) -> None:
+        """Remember `table` (`read_last`) as the last published by this
+        process, so that the next `publish` writes the change from it."""
+        self._published = {entry["number"]: hash(json.dumps(entry, separators=(",", ":")))
+                           for entry in table["shards"]}
 
     @property
     def sequence(self) -> int:
@@ -155,9 +222,14 @@ class SharedState:
             delta = b""  # no room for the change beside the table: workers read the whole table
         words = self.words
         seq = words[SEQ]
+        seq -= seq & 1  # odd: a predecessor was killed writing the table after that of seq - 1
         words[SEQ] = seq + 1  # odd: being written
-        self.mm[self._table:self._table + len(data)] = data
-        self.mm[self._table + len(data):self._table + len(data) + len(delta)] = delta
+        active = 1 - words[_ACTIVE]  # the region not holding the last table whole
+        table = self._regions[active]
+        self.mm[table:table + len(data)] = data
+        self.mm[table + len(data):table + len(data) + len(delta)] = delta
+        words[_REGION_LEN + active] = len(data)
+        words[_ACTIVE] = active
         words[_TABLE_LEN] = len(data)
         words[_CHANGE_LEN] = len(delta)
         words[_CHANGE_BASE] = seq if seq > 0 and delta else -1  # none before the first table
@@ -180,7 +252,7 @@ class SharedState:
             if seen < 0 or words[_CHANGE_BASE] != seen:
                 full = self.read()
                 return full[0], full[1], False
-            start = self._table + words[_TABLE_LEN]
+            start = self._regions[words[_ACTIVE] & 1] + words[_TABLE_LEN]
             data = bytes(self.mm[start:start + words[_CHANGE_LEN]])
             if words[SEQ] != seq:
                 continue
@@ -196,7 +268,8 @@ class SharedState:
             if seq & 1:
                 time.sleep(0.0001)
                 continue
-            data = bytes(self.mm[self._table:self._table + words[_TABLE_LEN]])
+            table = self._regions[words[_ACTIVE] & 1]
+            data = bytes(self.mm[table:table + words[_TABLE_LEN]])
             if words[SEQ] != seq:
                 continue
             self._last = (seq, json.loads(data))

@@ -11,7 +11,7 @@ filesystem and the shard set as they were then. A worker:
    over the session's descriptor with ``dup2``), read by every thread of
    its loop. The coordinator keeps a copy: if the worker dies, the
    requests it had read stay with the kernel, which the coordinator asks
-   to queue them again (``FUSE_NOTIFY_RESEND``, `resend`) for the other
+   to queue them again (``FUSE_NOTIFY_RESEND``, `shardfs.fuse.supervisor.resend`) for the other
    workers before it lets its copy go; on a kernel without it, letting go
    ends them with ECONNABORTED (no caller waits for ever);
 3. runs the C request path (``Session.serve``: libfuse's multithreaded
@@ -40,10 +40,11 @@ import struct
 import sys
 from typing import Any, Dict
 
+from shardfs.fuse import supervisor as supervisor_mod
 from shardfs.fuse.handlers import RequestHooks, ShardFS
 from shardfs.shardset import MountedShard, ShardSet
 from shardfs.fuse.shared import (HASH_PROBES, LOOKUPS, PY_HASH_PROBES, PY_LOOKUPS, PY_PROBES, PYTHON, PYTHON_KINDS,
-                                 RESTARTS, SEQ, SharedState)
+                                 COORDINATOR_RESTARTS, RESTARTS, SEQ, SharedState)
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -51,8 +52,6 @@ log = logging.getLogger("shardfs.fuse")
 #: of another one (its number as a u32): _IOR(229, 0, uint32_t), from the
 #: kernel's include/uapi/linux/fuse.h.
 FUSE_DEV_IOC_CLONE = 0x8004E500
-#: The notify code of FUSE_NOTIFY_RESEND (include/uapi/linux/fuse.h, protocol 7.40).
-FUSE_NOTIFY_RESEND = 7
 
 #: Word of each handler's counter in a row's PYTHON_KINDS counters.
 _PYTHON_INDEX = {kind: i for i, kind in enumerate(PYTHON_KINDS)}
@@ -132,6 +131,9 @@ class WorkerHooks(RequestHooks):
     def restarts(self) -> int:
         return self.state.words[RESTARTS]
 
+    def coordinator_restarts(self) -> int:
+        return self.state.words[COORDINATOR_RESTARTS]
+
     def start(self) -> None:
         """Take over the row (a replacement keeps counting from the totals
         of the worker it replaces: only what its shard set counts from now
@@ -190,7 +192,7 @@ def apply_table(shards: ShardSet, table: Dict[str, Any], coordinator: int, chang
         member.live_count = entry["live_count"]
         member.hashes = tuple(entry.get("hashes", ()))
         if entry["fd"] is not None:
-            member.source = "/proc/%d/fd/%d" % (coordinator, entry["fd"])
+            member.source = "/proc/%d/fd/%d" % (table.get("pid", coordinator), entry["fd"])
         if entry["removed"]:
             shards.remove(member)
         elif member.sidecar_dir is None and entry["sidecar_dir"]:
@@ -229,21 +231,30 @@ def open_clone(session_fd: int) -> int:
     return fd
 
 
-def resend(session_fd: int) -> bool:
-    """Ask the kernel to queue again every request of the connection that
-    servers have read but not answered (``FUSE_NOTIFY_RESEND``, protocol
-    7.40, Linux >= 6.9): any server of the connection reads them again,
-    their ``unique`` marked with bit 63; a late answer to the first copy
-    is refused (ENOENT), which libfuse ignores. True when the kernel took
-    it; False when it does not know the notification (EINVAL). Other
-    OSError is raised."""
+def is_worker(pid: int) -> bool:
+    """True when process `pid` runs and is a worker of a mount (by its
+    name, WORKER_NAME): not a zombie, not another process that got the
+    pid since."""
     try:
-        os.write(session_fd, struct.pack("<IiQ", 16, FUSE_NOTIFY_RESEND, 0))
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            return False
-        raise
-    return True
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    name, _, rest = stat.partition(b"(")[2].rpartition(b")")
+    return name == WORKER_NAME and rest.split()[:1] != [b"Z"]
+
+
+def _wait_adopted(middle: int, supervisor: int) -> None:
+    """In a worker forked by `middle` (a child of the coordinator that
+    exits at once): wait until the kernel gave this process to the mount's
+    `supervisor` (its subreaper), at most 10 s; exit if it did not."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while os.getppid() == middle and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    if os.getppid() != supervisor:
+        os._exit(1)
 
 
 def _die_with(coordinator: int, name: bytes) -> None:
@@ -258,7 +269,8 @@ def _die_with(coordinator: int, name: bytes) -> None:
 
 
 def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinator: int, threads: int,
-        close_fds: "tuple[int, ...]" = (), published: int = -1, clone: int = -1) -> None:
+        close_fds: "tuple[int, ...]" = (), published: int = -1, clone: int = -1, supervisor: int = 0,
+        middle: int = 0) -> None:
     """Body of a freshly forked worker; never returns (exits the process:
     0 when the session ended, 1 on error). `session` is the mount's
     `shardfs._shardfs.Session`; `threads` the most threads serving;
@@ -269,10 +281,17 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
     table's. `clone`: the worker's own descriptor of the connection
     (`open_clone`, made by the coordinator, which keeps a copy so that
     what this worker read is not lost if it dies), put in place of the
-    session's; -1: the worker makes its own."""
+    session's; -1: the worker makes its own. `supervisor`: the pid of the
+    mount's supervisor (`shardfs.fuse.supervisor`), whose child this
+    process becomes (once `middle`, the child of the coordinator that forked
+    it, exited) and with which it dies; 0: it dies with `coordinator`, its
+    parent."""
     status = 1
     try:
-        _die_with(coordinator, WORKER_NAME)
+        if supervisor:
+            supervisor_mod.set_name(WORKER_NAME)  # at once: what ps shows while it waits
+            _wait_adopted(middle, supervisor)
+        _die_with(supervisor or coordinator, WORKER_NAME)
         for signum in (signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # the coordinator's business
         for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1):

@@ -891,6 +891,19 @@ def cmd_umount(args: argparse.Namespace) -> int:
     return fuse_mount.umount(args.mountpoint)
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    """Hand a live mount to the shardfs installed now."""
+    try:
+        from shardfs.fuse import mount as fuse_mount
+    except ImportError as exc:
+        raise Failure(f"upgrade is unavailable: {one_line(exc)}") from exc
+    workers, seconds = fuse_mount.upgrade(args.mountpoint, timeout=args.timeout)
+    from shardfs import __version__
+
+    print(f"upgraded {args.mountpoint} to shardfs {__version__}: {workers} worker(s) replaced in {seconds:.2f} s")
+    return 0
+
+
 def _build_progress(st: dict) -> Tuple[int, int]:
     """(done, total) of what a mount builds in the background for its
     shards (`shardfs.fuse.mount.status`): a place in the global index and
@@ -1301,7 +1314,9 @@ def _add_mount_parser(command) -> None:
         "workers=N (1 to 64), metrics=HOST:PORT (Prometheus metrics at\n"
         "http://HOST:PORT/metrics), hashes=sha1:sha1_git (also find objects as\n"
         "MOUNT/sha1/<hex>, MOUNT/sha1_git/<hex> and MOUNT/swh:1:cnt:<hex>; the\n"
-        "shards are indexed by those in the background, see 'shardfs index').\n"
+        "shards are indexed by those in the background, see 'shardfs index'),\n"
+        "upgrade (MOUNTPOINT already mounted: hand it to this shardfs in place, as\n"
+        "'shardfs upgrade' does, instead of failing).\n"
         "\n"
         "Shards in Ceph RBD images: a SHARD rbd:POOL/IMAGE, --shard-dir rbd:POOL\n"
         "(every image of the pool, listed again every 2 s), read through librbd\n"
@@ -1392,6 +1407,25 @@ def _add_umount_parser(command) -> None:
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
 
 
+def _add_upgrade_parser(command) -> None:
+    """``shardfs upgrade``: `command(func, help, description, examples)` adds it."""
+    p = command(
+        cmd_upgrade,
+        "hand a live mount to the shardfs installed now, without unmounting",
+        "Hand the mount at MOUNTPOINT to the shardfs installed now (after 'pip install -U\n"
+        "shardfs'): its processes are replaced one by one while it serves; requests in\n"
+        "flight are resent to the processes still serving, so readers see no error, and\n"
+        "the names and pages the kernel caches stay valid. A mount kept in a layout the\n"
+        "new shardfs cannot take is left as it is (exit 1). Not for mounts made with\n"
+        "--foreground nor winery mounts: unmount and mount those again.\n"
+        "'shardfs mount -o upgrade ... MOUNTPOINT' does the same when MOUNTPOINT is mounted.",
+        "  shardfs upgrade /mnt/archive\n",
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="fail (exit 1) if the new processes have not taken over after SECONDS (default 30)")
+
+
 def _add_systemd_unit_parser(command) -> None:
     """``shardfs systemd-unit``: `command(func, help, description, examples)` adds it."""
     command(
@@ -1437,7 +1471,8 @@ _COMMAND_PARSERS = {
     "create": _add_create_parser, "info": _add_info_parser, "ls": _add_ls_parser,
     "get": _add_get_parser, "index": _add_index_parser, "check": _add_check_parser,
     "delete": _add_delete_parser,
-    "mount": _add_mount_parser, "umount": _add_umount_parser, "status": _add_status_parser,
+    "mount": _add_mount_parser, "umount": _add_umount_parser, "upgrade": _add_upgrade_parser,
+    "status": _add_status_parser,
     "systemd-unit": _add_systemd_unit_parser,
 }
 COMMANDS = tuple(_COMMAND_PARSERS)

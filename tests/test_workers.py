@@ -13,6 +13,7 @@ reaches the mount after its first OPEN.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import mmap
@@ -486,6 +487,26 @@ def _uncached_reader(point: Path, objects: dict, keys: list, seed: int, stop: th
     counts.append(n)
 
 
+@contextlib.contextmanager
+def _uncached_readers(point: Path, objects: dict, keys: list, count: int):
+    """`count` threads of `_uncached_reader` while the block runs; yields
+    (errors, counts), complete once it ends. Fails if a reader hangs."""
+    stop = threading.Event()
+    errors: list = []
+    counts: list = []
+    threads = [threading.Thread(target=_uncached_reader, args=(point, objects, keys, i, stop, errors, counts),
+                                daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        yield errors, counts
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not any(t.is_alive() for t in threads), "a reader hung"
+
+
 def _waiting(point: Path) -> int:
     """Requests of the mount's connection not answered yet (read by a
     server or not): /sys/fs/fuse/connections/<device minor>/waiting (the
@@ -609,14 +630,7 @@ def test_killed_coordinator_costs_no_reader_an_error(mixed, mounter, tmp_path):
     inodes = {key: os.stat(point / key).st_ino for key in keys[:50]}
     workers = sorted(worker_pids(point))
     (supervisor,) = supervisor_pids(point)
-    stop = threading.Event()
-    errors: list = []
-    counts: list = []
-    threads = [threading.Thread(target=_uncached_reader, args=(point, objects, keys, i, stop, errors, counts),
-                                daemon=True) for i in range(6)]
-    for t in threads:
-        t.start()
-    try:
+    with _uncached_readers(point, objects, keys, 6) as (errors, counts):
         for round in range(3):
             (coordinator,) = daemon_pids(point)
             killed = time.monotonic()
@@ -629,11 +643,6 @@ def test_killed_coordinator_costs_no_reader_an_error(mixed, mounter, tmp_path):
             assert time.monotonic() - killed < 2.0  # within a second, with a second of slack for this machine
             time.sleep(0.5)
         time.sleep(1)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
-    assert not any(t.is_alive() for t in threads), "a reader hung"
     assert errors == [], errors[:10]
     assert min(counts) > 0
     assert supervisor_pids(point) == [supervisor]
@@ -655,6 +664,73 @@ def test_killed_coordinator_costs_no_reader_an_error(mixed, mounter, tmp_path):
     assert not (point / gone_key).exists()
     status = json.loads(run(SHARDFS + ["status", "--json", str(point)]).stdout)
     assert status["coordinator_restarts"] == 3
+
+
+@pytest.mark.skipif(not _kernel_resends(), reason="the kernel cannot resend requests (Linux < 6.9)")
+def test_upgrade_in_place_costs_no_reader_an_error(mixed, mounter, tmp_path):
+    """`shardfs upgrade MOUNTPOINT`, then `shardfs mount -o upgrade` on the
+    mounted point, while 6 readers read uncached objects: every process
+    but the supervisor (the same pid, running the code installed now) is
+    replaced, no reader sees an error or a wrong byte, every inode names
+    the same object."""
+    path, objects = mixed
+    log = tmp_path / "mount.log"
+    point = mounter.mount(path, tmp_path / "m", "-o", "workers=3", "--log-file", str(log))
+    keys = sorted(objects)
+    inodes = {key: os.stat(point / key).st_ino for key in keys[:50]}
+    (supervisor,) = supervisor_pids(point)
+    with _uncached_readers(point, objects, keys, 6) as (errors, counts):
+        for command in (["upgrade", str(point)], ["mount", "-o", "upgrade", str(path), str(point)]):
+            time.sleep(0.5)
+            assert wait_until(lambda: len(worker_pids(point)) == 3)
+            before = set(daemon_pids(point) + worker_pids(point))
+            done = run(SHARDFS + command)
+            assert done.returncode == 0, done.stderr + log.read_text()[-3000:]
+            if command[0] == "upgrade":
+                assert re.fullmatch(r"upgraded \S+ to shardfs \S+: 3 worker\(s\) replaced in [0-9.]+ s\n", done.stdout)
+            assert wait_until(lambda: len(worker_pids(point)) == 3)
+            after = set(daemon_pids(point) + worker_pids(point))
+            assert len(after) == 4 and not after & before, (before, after)
+            assert supervisor_pids(point) == [supervisor]
+        time.sleep(0.5)
+    assert errors == [], errors[:10]
+    assert min(counts) > 0
+    assert {key: os.stat(point / key).st_ino for key in inodes} == inodes
+    assert log.read_text().count("upgrade of %s done" % point) == 2
+
+
+def test_upgrade_refused_leaves_the_mount_as_it_is(mixed, mounter, tmp_path):
+    """A mount whose state is of a layout this shardfs does not know (here:
+    its version word changed) is not upgraded: one line, exit 1, the same
+    processes serve. A mount with no supervisor (--foreground) is refused
+    in one line too."""
+    path, objects = mixed
+    point = mounter.mount(path, tmp_path / "m", "-o", "workers=2")
+    assert wait_until(lambda: len(worker_pids(point)) == 2)
+    processes = sorted(mount_processes(point))
+    (supervisor,) = supervisor_pids(point)
+    fds = f"/proc/{supervisor}/fd"
+    (memfd,) = [f"{fds}/{n}" for n in os.listdir(fds) if os.readlink(f"{fds}/{n}").startswith("/memfd:shardfs-state")]
+    from shardfs.fuse import shared
+
+    with open(memfd, "r+b") as f, mmap.mmap(f.fileno(), 4096) as head:
+        words = memoryview(head).cast("q")
+        words[shared.VERSION] += 1
+        try:
+            done = run(SHARDFS + ["upgrade", str(point)])
+        finally:
+            words[shared.VERSION] -= 1
+            words.release()
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "version" in done.stderr and "not upgraded" in done.stderr and "Traceback" not in done.stderr
+    assert sorted(mount_processes(point)) == processes
+    key = sorted(objects)[5]
+    assert (point / key).read_bytes() == objects[key]
+
+    fg = tmp_path / "fg"
+    mounter.foreground(path, fg)
+    done = run(SHARDFS + ["upgrade", str(fg)])
+    assert done.returncode == 1 and "no supervisor" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_killed_supervisor_unmounts_cleanly(mixed, mounter, tmp_path):

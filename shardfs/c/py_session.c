@@ -437,6 +437,14 @@ static PyObject *Session_invalidate_inode(Session *self, PyObject *arg)
     return notify_result(rc);
 }
 
+/* disown(): the session no longer unmounts when it ends (its process
+ * leaves the mount to another: an upgrade in place). */
+static PyObject *Session_disown(Session *self, PyObject *unused)
+{
+    self->mounted = 0;
+    Py_RETURN_NONE;
+}
+
 /* init_request() -> bytes: the kernel's INIT request as answer_init read
  * it (header and body), for Session(..., fd=, init=) in another process;
  * None before INIT was read. */
@@ -485,6 +493,8 @@ static PyMethodDef Session_methods[] = {
     {"invalidate_inode", (PyCFunction)Session_invalidate_inode, METH_O,
      "invalidate_inode(ino): the kernel drops an inode's attributes and pages."},
     {"unmount", (PyCFunction)Session_unmount, METH_NOARGS, "unmount(): unmount and end the session."},
+    {"disown", (PyCFunction)Session_disown, METH_NOARGS,
+     "disown(): ending the session no longer unmounts (the mount is left to another process)."},
     {"init_request", (PyCFunction)Session_init_request, METH_NOARGS,
      "init_request() -> bytes or None: the kernel's INIT request as read, for Session(..., fd=, init=)."},
     {"counts", (PyCFunction)Session_counts, METH_NOARGS, "counts() -> requests served, by kind."},

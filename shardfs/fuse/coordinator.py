@@ -83,12 +83,12 @@ from shardfs.fuse.handlers import ShardFS
 from shardfs.fuse.layout import object_inode
 from shardfs.fuse.openfiles import OpenFiles
 from shardfs.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
-from shardfs.fuse.shared import COORDINATOR_RESTARTS, PID, RESTARTS, SEQ, SharedState
+from shardfs.fuse.shared import COORDINATOR_RESTARTS, PID, RESTARTS, SEQ, UPGRADES, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
 #: Signals the coordinator's loop acts on (see `Coordinator._take`).
-LOOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+LOOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR2)
 #: Seconds to wait for INIT, and for the new mount to answer a stat.
 READY_TIMEOUT = 10.0
 #: Seconds file events are left to settle before a rescan.
@@ -240,6 +240,10 @@ class Coordinator:
         self._restarts: Dict[int, List[float]] = {}
         #: This coordinator took over from one that died (`_serve_adopted`).
         self._adopted = False
+        #: It leaves the mount to the next coordinator (SIGUSR2: an upgrade).
+        self._leaving = False
+        #: Workers of the version before an upgrade, being replaced: pids.
+        self._retiring: Set[int] = set()
         self.metrics = metrics
         self._metrics_server: Any = None
         #: Shards and objects served as of the last publication (for the metrics thread).
@@ -376,7 +380,7 @@ class Coordinator:
 
         fd = os.dup(self.handover.session_fd)
         self.session = Session(self.fs, self.mountpoint, self.options, self.fs.uid, self.fs.gid,
-                               CACHE_TIMEOUT, ENTRY_TIMEOUT, fd=fd, init=self.handover.init)
+                               CACHE_TIMEOUT, ENTRY_TIMEOUT, fd=fd, init=self.state.init())
         self.fs.republish = self.session.refresh
         self._mounted = True
         self._adopted = True
@@ -405,6 +409,8 @@ class Coordinator:
                     log.warning("cannot serve metrics at %s: %s", self.metrics, exc)
             log.info("took over %s: %d worker(s) kept, %d shard(s)", self.mountpoint, len(self._positions),
                      len(self.shards.served()))
+            if self.handover.upgrade:
+                self._retiring = set(self._positions)
             status = self._loop()
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -423,11 +429,16 @@ class Coordinator:
             return
         from shardfs.fuse import supervisor
 
-        init = self.session.init_request()
+        self.state.set_init(self.session.init_request() or b"")
         try:
-            supervisor.send(self.supervisor, b"session " + (init or b""), (self.session.fileno(), self.state.fd))
+            supervisor.send(self.supervisor, b"session", (self.session.fileno(), self.state.fd))
         except OSError as exc:
             log.warning("cannot hand the connection to the supervisor: %s", exc)
+
+    @property
+    def leaving(self) -> bool:
+        """It left the mount to the next coordinator (an upgrade in place)."""
+        return self._leaving
 
     def _answers(self) -> bool:
         """True once a stat of the mount point is answered (by a worker)."""
@@ -579,12 +590,18 @@ class Coordinator:
 
     def _worker_exited(self, pid: int, code: int) -> None:
         """Worker `pid` (or another process) exited with `code` (negative:
-        the signal): replace it unless the mount is ending."""
+        the signal): replace it unless the mount is ending or it was
+        retired (an upgrade: its replacement runs already)."""
         position = self._positions.pop(pid, None)
         if position is None:
             return
-        self.state.words[self.state.row(position) + PID] = 0
+        word = self.state.row(position) + PID
+        if self.state.words[word] == pid:
+            self.state.words[word] = 0
         self._release_clone(pid, died=code != 0)
+        if pid in self._retiring:
+            self._retiring.discard(pid)
+            return
         if code == 0:
             if not self._ended:
                 log.info("the FUSE session of %s ended", self.mountpoint)
@@ -622,8 +639,22 @@ class Coordinator:
     def _stop(self) -> None:
         """Unmount and end every child process: the workers leave when the
         kernel ends the session; any still there after STOP_GRACE is
-        killed."""
+        killed. Leaving the mount to the next coordinator (`_leaving`):
+        neither; only this process's own children (the sidecar builder)
+        end."""
         self._stopping = True
+        if self._leaving:
+            self._mounted = False
+            self.session.disown()
+            self._positions.clear()
+            if self._builder is not None:
+                try:
+                    os.kill(self._builder["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.waitpid(self._builder["pid"], 0)
+                self._builder = None
+            return
         service.notify("STOPPING=1")
         self._unmount()
         deadline = time.monotonic() + STOP_GRACE
@@ -686,6 +717,8 @@ class Coordinator:
             nursery.start_soon(self._take_signals)
             nursery.start_soon(self._serve_control)
             nursery.start_soon(self._check_written)
+            if self._retiring:
+                nursery.start_soon(self._replace_workers)
             if self._inotify is not None:
                 nursery.start_soon(self._when_readable, self._inotify.fileno(), self._read_events,
                                    lambda: self._inotify is not None)
@@ -740,6 +773,32 @@ class Coordinator:
             nursery.cancel_scope.cancel()
         return status
 
+    async def _replace_workers(self) -> None:
+        """After an upgrade in place: replace the workers of the version
+        before, one at a time: the new one is forked first, then the old
+        one killed; the supervisor has the kernel resend what it held, so
+        no reader sees an error. Counts the upgrade once all are replaced."""
+        import trio
+
+        started = time.monotonic()
+        old = sorted(self._retiring)
+        for pid in old:
+            position = self._positions.get(pid)
+            if position is None or self._stopping:
+                continue
+            self._spawn(position)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 10
+            while pid in self._positions and time.monotonic() < deadline and not self._stopping:
+                await trio.sleep(0.005)
+        if not self._stopping:
+            self.state.words[UPGRADES] += 1
+            log.info("upgrade of %s done: %d worker(s) replaced in %.2f s", self.mountpoint, len(old),
+                     time.monotonic() - started)
+
     async def _take_signals(self) -> None:
         import trio
 
@@ -779,6 +838,12 @@ class Coordinator:
                 log.info("got SIGHUP: rescanning the shards")
                 self._check_all = True
                 self._rescan_at = time.monotonic()
+            elif signum == signal.SIGUSR2 and self._supervisor_pid and not self._stopping:
+                # An upgrade in place (`shardfs.fuse.supervisor`): the next
+                # coordinator takes the mount and the workers over.
+                log.info("got SIGUSR2: leaving the mount to the next coordinator")
+                self._leaving = self._stopping = True
+                self._interrupts += 1
         signals.clear()
 
     # ------------------------------------------------- takedowns told here

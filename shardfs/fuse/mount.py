@@ -402,7 +402,10 @@ def serve(
     finally:
         if catalog is not None:
             catalog.db.close()
-    log.info("unmounted %s", mountpoint)
+    if coordinator.leaving:
+        log.info("left %s to the next coordinator", mountpoint)
+    else:
+        log.info("unmounted %s", mountpoint)
     return status
 
 
@@ -499,6 +502,11 @@ def mount_shards(
     from shardfs.shard import is_remote_source
 
     shard_paths = [p if is_remote_source(p) else os.path.abspath(p) for p in shard_paths]
+    options, upgrading = _take_upgrade(options)
+    if upgrading and is_mounted(_canonical(mountpoint)):
+        workers, seconds = upgrade(mountpoint)
+        log.info("upgraded %s: %d worker(s) replaced in %.2f s", mountpoint, workers, seconds)
+        return 0
     if winery is not None and (shard_paths or shard_dir is not None):
         raise _shard_error("--winery mounts a winery database: give no SHARD paths nor --shard-dir with it")
     if winery is not None:
@@ -523,6 +531,22 @@ def mount_shards(
     configure_remote(settings)
     return _serve_foreground(open_shard_set(shard_paths, shard_dir, settings["cache_dir"]), mp, opts,
                              settings)
+
+
+def _take_upgrade(options: Optional[Sequence[str]]) -> "Tuple[Optional[List[str]], bool]":
+    """(`options` without "upgrade", whether it was there): ``-o upgrade``
+    asks `mount_shards` to upgrade a mount point already mounted in place
+    (`upgrade`) instead of failing; on a point not mounted it mounts."""
+    if options is None:
+        return None, False
+    kept, found = [], False
+    for item in options:
+        parts = item.split(",")
+        found = found or "upgrade" in parts
+        rest = ",".join(p for p in parts if p != "upgrade")
+        if rest:
+            kept.append(rest)
+    return kept, found
 
 
 def _settings(own: Dict[str, str], layout: Optional[str], slicing: Optional[str],
@@ -834,6 +858,7 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--winery-pools-dir")
     parser.add_argument("--debug", action="store_true")
     parser.add_argument("--log-file")
+    parser.add_argument("--upgrade-from", help="resume a supervisor after an upgrade in place (JSON)")
     parser.add_argument("shards", nargs="*")
     args = parser.parse_args(argv)
 
@@ -852,6 +877,9 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
         os._exit(_coordinator_main(args, ready, handover=handover, supervisor=sock))
 
     supervisor = Supervisor(start, args.mountpoint, ready_fd)
+    if args.upgrade_from:
+        supervisor.resume(json.loads(args.upgrade_from))
+        return supervisor.run()
     return supervisor.run(on_started=lambda: _detach_stderr(args.log_file))
 
 
@@ -1005,6 +1033,91 @@ def status(mountpoint: str) -> dict:
     out["mountpoint"] = path
     out["source"] = entry.get("source")
     return out
+
+
+#: Seconds `upgrade` waits for the new processes to have replaced the old ones.
+UPGRADE_TIMEOUT = 30.0
+
+
+def supervisor_of(path: str) -> Optional[int]:
+    """The pid of the supervisor (`shardfs.fuse.supervisor`) of the mount
+    at canonical `path`, found in /proc (its name and command line), or
+    None (a foreground or winery mount has none)."""
+    from shardfs.fuse.supervisor import SUPERVISOR_NAME
+
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm", "rb") as f:
+                if f.read().strip() != SUPERVISOR_NAME:
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--mountpoint" in argv and argv.index(b"--mountpoint") + 1 < len(argv) and \
+                argv[argv.index(b"--mountpoint") + 1] == os.fsencode(path):
+            return int(entry)
+    return None
+
+
+def _state_of(supervisor: int) -> "Any":
+    """The shared state (`shardfs.fuse.shared.SharedState`) of the mount
+    whose supervisor is `supervisor`, opened through /proc/PID/fd; raises
+    ShardError (one line) when it cannot be read, ValueError when this
+    shardfs cannot read its layout (`SharedState.attach`)."""
+    from shardfs.fuse.shared import SharedState
+
+    fds = f"/proc/{supervisor}/fd"
+    try:
+        for name in os.listdir(fds):
+            if os.readlink(f"{fds}/{name}").startswith("/memfd:shardfs-state"):
+                return SharedState.attach(os.open(f"{fds}/{name}", os.O_RDWR | os.O_CLOEXEC))
+    except OSError as exc:
+        raise _shard_error(f"cannot read the mount's state through {fds}: {exc.strerror or exc}") from None
+    raise _shard_error("the mount's supervisor holds no state yet (it is still starting)")
+
+
+def upgrade(mountpoint: str, timeout: float = UPGRADE_TIMEOUT) -> Tuple[int, float]:
+    """Hand the shardfs mount at `mountpoint` to the shardfs installed now,
+    in place (`shardfs.fuse.supervisor`): its supervisor runs the new code,
+    a new coordinator takes over and the workers are replaced one by one;
+    the requests of each worker replaced are resent to the others, so no
+    reader sees an error, and the kernel's cached names and pages stay
+    valid. Returns (workers replaced, seconds it took).
+
+    Raises ShardError (one line) when `mountpoint` is not a shardfs mount,
+    has no supervisor (mounted with --foreground, or a winery mount), keeps
+    its state in a layout this shardfs cannot take (the old processes keep
+    serving: nothing was changed), or the new processes did not finish
+    within `timeout` seconds."""
+    from shardfs.fuse.shared import UPGRADES, WORKERS
+
+    path, _entry = shardfs_mount(mountpoint)
+    supervisor = supervisor_of(path)
+    if supervisor is None:
+        raise _shard_error(f"{mountpoint} has no supervisor to hand it over (mounted with --foreground, or a "
+                           "winery mount): unmount and mount it again")
+    try:
+        state = _state_of(supervisor)
+    except ValueError as exc:
+        raise _shard_error(f"{mountpoint}: {exc}: not upgraded (its processes keep serving it)") from None
+    try:
+        before = state.words[UPGRADES]
+        workers = state.words[WORKERS]
+        started = time.monotonic()
+        os.kill(supervisor, signal.SIGUSR2)
+        deadline = started + timeout
+        while state.words[UPGRADES] == before:
+            if time.monotonic() > deadline:
+                raise _shard_error(f"{mountpoint}: the upgrade did not end within {timeout:g} s (see the mount's log)")
+            if not os.path.exists(f"/proc/{supervisor}"):
+                raise _shard_error(f"{mountpoint}: its supervisor died during the upgrade (see the mount's log)")
+            time.sleep(0.01)
+        return workers, time.monotonic() - started
+    finally:
+        state.close()
 
 
 def umount(mountpoint: str) -> int:

@@ -102,6 +102,11 @@ WORKERS = 6
 COORDINATOR_RESTARTS = 7
 _ACTIVE = 8
 _REGION_LEN = 9  # and 10
+#: Word of the count of upgrades in place done (`shardfs upgrade`: written by the coordinator that did it).
+UPGRADES = 11
+_INIT_LEN = 12  # the kernel's INIT request's length in bytes, then its bytes from word _INIT
+_INIT = 16
+_INIT_BYTES = 8 * 240
 #: The version of this layout: a process of another version does not attach.
 STATE_VERSION = 1
 ROW_WORDS = 64
@@ -177,6 +182,20 @@ class SharedState:
         if version != STATE_VERSION:
             raise ValueError(f"the mount's shared state is of version {version}, this shardfs knows {STATE_VERSION}")
         return cls(workers, fd=fd)
+
+    def set_init(self, request: bytes) -> None:
+        """Keep the kernel's INIT request (`Session.init_request`, at most
+        _INIT_BYTES bytes): what a process serving the connection after the
+        one that mounted needs (`Session(..., fd=, init=)`). Raises
+        ValueError when it is longer."""
+        if len(request) > _INIT_BYTES:
+            raise ValueError(f"INIT request of {len(request)} bytes")
+        self.mm[8 * _INIT:8 * _INIT + len(request)] = request
+        self.words[_INIT_LEN] = len(request)
+
+    def init(self) -> bytes:
+        """The INIT request `set_init` kept (b"" if none)."""
+        return bytes(self.mm[8 * _INIT:8 * _INIT + self.words[_INIT_LEN]])
 
     # ------------------------------------------------------------- table
 

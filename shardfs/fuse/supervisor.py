@@ -8,17 +8,17 @@ become this process's children (``PR_SET_CHILD_SUBREAPER``; the
 coordinator forks each through a child that exits at once). The supervisor
 knows nothing of shards. It holds:
 
-* the connection's /dev/fuse descriptor and the kernel's INIT request,
-  handed over by the first coordinator once the mount serves (a message
-  "session"), so that the next coordinator can serve the same connection
-  without a new INIT (`shardfs._shardfs.Session(..., fd=, init=)`);
-* the memory file of the mount's shared state (`shardfs.fuse.shared`):
-  the last shard table (the shard numbers that inode numbers encode), the
-  counters, the workers' process IDs;
+* the connection's /dev/fuse descriptor and the memory file of the
+  mount's shared state (`shardfs.fuse.shared`), handed over by the first
+  coordinator once the mount serves (a message "session"): the state holds
+  the kernel's INIT request, so that the next coordinator can serve the
+  same connection without a new INIT (`shardfs._shardfs.Session(..., fd=,
+  init=)`), the last shard table (the shard numbers that inode numbers
+  encode), the counters, the workers' process IDs;
 * a copy of each worker's clone of the connection (a message "worker PID"
   with the descriptor): when a worker dies, it asks the kernel to queue
   again what the worker had read and not answered (``FUSE_NOTIFY_RESEND``,
-  `shardfs.fuse.worker.resend`), then closes the copy, and tells the
+  `resend`), then closes the copy, and tells the
   coordinator ("exit PID CODE"), which starts a replacement.
 
 When the coordinator dies (``kill -9``, a crash) after the handover, the
@@ -67,6 +67,8 @@ _PR_SET_NAME = 15
 _PR_SET_CHILD_SUBREAPER = 36
 #: The notify code of FUSE_NOTIFY_RESEND (include/uapi/linux/fuse.h, protocol 7.40).
 FUSE_NOTIFY_RESEND = 7
+#: The daemon's argument that resumes a supervisor after an upgrade (JSON of what it hands over).
+UPGRADE_ARGUMENT = "--upgrade-from"
 #: Most descriptors one message carries.
 _MAX_FDS = 4
 
@@ -74,14 +76,16 @@ _MAX_FDS = 4
 @dataclass
 class Handover:
     """What a coordinator started by the supervisor after another died
-    takes over: the connection's /dev/fuse descriptor `session_fd`, its
-    INIT request `init` (bytes), the shared state's memory file
-    `state_fd`. The descriptors are the supervisor's (inherited by the
-    fork): the coordinator duplicates what it keeps."""
+    takes over: the connection's /dev/fuse descriptor `session_fd` and the
+    shared state's memory file `state_fd` (which holds the connection's
+    INIT request: `shardfs.fuse.shared.SharedState.init`). The descriptors
+    are the supervisor's (inherited by the fork): the coordinator
+    duplicates what it keeps."""
 
     session_fd: int
     state_fd: int
-    init: bytes
+    #: The coordinator before it left for an upgrade in place: replace its workers.
+    upgrade: bool = False
 
 
 def resend(session_fd: int) -> bool:
@@ -157,6 +161,8 @@ class Supervisor:
         self.deaths: List[float] = []
         self.signals: List[int] = []
         self.stopping = False
+        #: The coordinator was asked to leave the mount to a successor (an upgrade).
+        self.leaving = False
 
     # ------------------------------------------------------------ serve
 
@@ -170,9 +176,12 @@ class Supervisor:
         set_name(SUPERVISOR_NAME)
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR2):
             signal.signal(signum, lambda signum, frame: self.signals.append(signum))
-        self._fork()
+        if self.coordinator:  # resumed after an upgrade: the coordinator before leaves, then the next starts
+            self._ask_to_leave()
+        else:
+            self._fork()
         if on_started is not None:
             on_started()
         status = 1
@@ -193,7 +202,9 @@ class Supervisor:
         """One turn of `run`'s loop: the mount's exit status once it is
         over, else None."""
         for signum in self._take_signals():
-            if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) and self.coordinator:
+            if signum == signal.SIGUSR2:
+                self._upgrade()
+            elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) and self.coordinator:
                 try:
                     os.kill(self.coordinator, signum)
                 except ProcessLookupError:
@@ -215,6 +226,55 @@ class Supervisor:
         if self.sock is not None and self.sock.fileno() in readable:
             self._read_messages()
         return None
+
+    # --------------------------------------------------------- upgrade
+
+    def _upgrade(self) -> None:
+        """SIGUSR2 (``shardfs upgrade``): run the shardfs installed now in
+        this process (execve: the same pid, still the parent of every
+        process of the mount), handing it the connection, the state, the
+        clones and the coordinator (`UPGRADE_ARGUMENT`); it then has the
+        coordinator leave and starts one of its own code, which replaces
+        the workers one by one. Before the handover there is nothing to
+        hand: said in the log, nothing done."""
+        import json
+        import sys
+
+        if self.handover is None or self.leaving or not self.coordinator:
+            log.warning("upgrade of %s asked before the mount served or while one runs: ignored", self.mountpoint)
+            return
+        handed = {"session": self.handover.session_fd, "state": self.handover.state_fd,
+                  "coordinator": self.coordinator, "clones": {str(pid): fd for pid, fd in self.clones.items()}}
+        for fd in [self.handover.session_fd, self.handover.state_fd] + list(self.clones.values()):
+            os.set_inheritable(fd, True)
+        dropped = ("--ready-fd", UPGRADE_ARGUMENT)  # and their values: not for the next
+        argv = [arg for before, arg in zip(sys.argv, sys.argv[1:]) if arg not in dropped and before not in dropped]
+        argv = [sys.executable, "-m", "shardfs.fuse.mount", UPGRADE_ARGUMENT, json.dumps(handed)] + argv
+        log.info("upgrade of %s: running %s", self.mountpoint, " ".join(argv[:3]))
+        logging.shutdown()
+        try:
+            os.execv(sys.executable, argv)
+        except OSError as exc:
+            log.error("upgrade of %s failed: cannot run %s: %s; the mount is served as before", self.mountpoint,
+                      sys.executable, exc)
+
+    def resume(self, handed: Dict[str, object]) -> None:
+        """Take over what `_upgrade` handed (before `run`)."""
+        self.handover = Handover(int(handed["session"]), int(handed["state"]))
+        self.clones = {int(pid): int(fd) for pid, fd in dict(handed["clones"]).items()}
+        self.coordinator = int(handed["coordinator"])
+        for fd in [self.handover.session_fd, self.handover.state_fd] + list(self.clones.values()):
+            os.set_inheritable(fd, False)
+
+    def _ask_to_leave(self) -> None:
+        """Have the coordinator leave the mount (SIGUSR2: it exits 0
+        without unmounting nor stopping the workers); its successor is
+        forked when it is reaped."""
+        self.leaving = True
+        try:
+            os.kill(self.coordinator, signal.SIGUSR2)
+        except ProcessLookupError:
+            pass
 
     def _take_signals(self) -> List[int]:
         taken, self.signals = self.signals, []
@@ -264,7 +324,7 @@ class Supervisor:
                 return
             words = message.split(b" ", 1)
             if words[0] == b"session" and len(fds) == 2 and self.handover is None:
-                self.handover = Handover(fds[0], fds[1], words[1] if len(words) > 1 else b"")
+                self.handover = Handover(fds[0], fds[1])
                 log.debug("the connection of %s is handed over", self.mountpoint)
             elif words[0] == b"worker" and len(fds) == 1 and len(words) == 2 and words[1].isdigit():
                 pid = int(words[1])
@@ -292,6 +352,12 @@ class Supervisor:
                 self._worker_exited(pid, code)
                 continue
             self.coordinator = 0
+            if self.leaving and code == 0:  # it left for an upgrade: its successor, of the code now installed
+                self.leaving = False
+                self.handover.upgrade = True
+                self._fork()
+                self.handover.upgrade = False
+                continue
             if code == 0 or self.handover is None or self.stopping:
                 if code != 0:
                     log.error("the coordinator of %s exited (%s)%s", self.mountpoint, _how(code),

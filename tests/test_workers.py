@@ -733,6 +733,33 @@ def test_upgrade_refused_leaves_the_mount_as_it_is(mixed, mounter, tmp_path):
     assert done.returncode == 1 and "no supervisor" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+def test_coordinators_that_cannot_take_over_end_the_mount(mixed, mounter, tmp_path):
+    """A coordinator that dies before it takes the mount over (here: the
+    state's version word changed under it, so every new one refuses it) is
+    started again MAX_FAILED_STARTS times, then the supervisor unmounts and
+    every process ends: no restart loop, no stale mount."""
+    from shardfs.fuse import shared, supervisor as supervisor_mod
+
+    path, objects = mixed
+    log = tmp_path / "mount.log"
+    point = mounter.mount(path, tmp_path / "m", "-o", "workers=2", "--log-file", str(log))
+    processes = mount_processes(point)
+    (supervisor,) = supervisor_pids(point)
+    fds = f"/proc/{supervisor}/fd"
+    (memfd,) = [f"{fds}/{n}" for n in os.listdir(fds) if os.readlink(f"{fds}/{n}").startswith("/memfd:shardfs-state")]
+    with open(memfd, "r+b") as f, mmap.mmap(f.fileno(), 4096) as head:
+        words = memoryview(head).cast("q")
+        words[shared.VERSION] += 1
+        words.release()
+    (coordinator,) = daemon_pids(point)
+    os.kill(coordinator, signal.SIGKILL)
+    assert wait_until(lambda: not mounted(point), timeout=30), log.read_text()[-2000:]
+    assert wait_until(lambda: all(gone(p) for p in processes + [supervisor])), "a process is left"
+    text = log.read_text()
+    assert text.count("cannot take") == supervisor_mod.MAX_FAILED_STARTS
+    assert "in a row died before taking it over" in text
+
+
 def test_killed_supervisor_unmounts_cleanly(mixed, mounter, tmp_path):
     """kill -9 of the supervisor: the coordinator is told (SIGTERM), unmounts
     and leaves, the workers die with the supervisor: no stale mount, no
@@ -1118,6 +1145,13 @@ def test_takedown_during_a_push_leaves_no_bytes(mounter, tmp_path, monkeypatch, 
     else:
         victim = names[3]
         held = os.open(point / victim, os.O_RDONLY)
+        # The coordinator looks for open files every KEEP_INTERVAL and holds
+        # the shard of this one: a new table, which the worker applies at
+        # its next Python request; until then its C path pushes nothing.
+        from shardfs.fuse.coordinator import KEEP_INTERVAL
+
+        time.sleep(2 * KEEP_INTERVAL)
+        stats(point)
         pusher = threading.Thread(target=os.isatty, args=(held,), daemon=True)
         pusher.start()  # answered once its push is stored
         assert wait_until(lambda: _push_waiting(point))

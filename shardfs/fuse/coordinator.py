@@ -83,7 +83,7 @@ from shardfs.fuse.handlers import ShardFS
 from shardfs.fuse.layout import object_inode
 from shardfs.fuse.openfiles import OpenFiles
 from shardfs.shardset import CACHE_DIR_ERRNOS, MountedShard, ShardSet, file_ident
-from shardfs.fuse.shared import COORDINATOR_RESTARTS, PID, RESTARTS, SEQ, UPGRADES, SharedState
+from shardfs.fuse.shared import COORDINATOR_RESTARTS, PID, RESTARTS, SEQ, TAKEN_OVER_NS, UPGRADES, SharedState
 
 log = logging.getLogger("shardfs.fuse")
 
@@ -390,6 +390,7 @@ class Coordinator:
             self.shards.in_use = self.open_files.in_use
             self.state.words[COORDINATOR_RESTARTS] += 1
             self._publish()
+            self.state.words[TAKEN_OVER_NS] = time.monotonic_ns()  # the workers have the table: taken over
             self._install_signals()
             self._watch_files()
             self._listen_control()

@@ -872,6 +872,12 @@ def _daemon_main(argv: Optional[Sequence[str]] = None) -> int:
         # (SHARDFS_NO_SUPERVISOR: TEST ONLY, the structure of a foreground mount.)
         return _coordinator_main(args, ready_fd)
     from shardfs.fuse.supervisor import Supervisor
+    # What a coordinator runs, imported once here: one forked after a
+    # death takes the mount over sooner (the pages are shared, copy on write).
+    import trio  # noqa: F401
+
+    import shardfs.fuse.coordinator  # noqa: F401
+    import shardfs.shardset  # noqa: F401
 
     def start(handover: Any, sock: Any, ready: Optional[int]) -> None:
         os._exit(_coordinator_main(args, ready, handover=handover, supervisor=sock))

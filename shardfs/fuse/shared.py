@@ -104,6 +104,8 @@ _ACTIVE = 8
 _REGION_LEN = 9  # and 10
 #: Word of the count of upgrades in place done (`shardfs upgrade`: written by the coordinator that did it).
 UPGRADES = 11
+#: Word of the CLOCK_MONOTONIC time (ns) at which the last coordinator taking over published its table.
+TAKEN_OVER_NS = 13
 _INIT_LEN = 12  # the kernel's INIT request's length in bytes, then its bytes from word _INIT
 _INIT = 16
 _INIT_BYTES = 8 * 240

@@ -25,8 +25,10 @@ When the coordinator dies (``kill -9``, a crash) after the handover, the
 workers go on serving from the last table and the supervisor forks a new
 coordinator at once, which takes the connection, the state and the live
 workers over (`shardfs.fuse.coordinator.Coordinator` with a `Handover`).
-More than `MAX_RESTARTS` coordinator deaths within `RESTART_WINDOW` seconds,
-or a death before the handover, end the mount (lazy unmount, every
+`MAX_FAILED_STARTS` coordinators in a row that die before they took the
+mount over (before publishing the shard table: a crash at start, which
+starting another would only repeat), or a death before the handover, end
+the mount (lazy unmount, every
 process killed). When the supervisor itself dies, its children are told by
 the kernel (``PR_SET_PDEATHSIG``): the workers are killed and the
 coordinator gets SIGTERM, unmounts and leaves, so no stale mount and no
@@ -53,9 +55,8 @@ from typing import Callable, Dict, List, Optional, Set
 
 log = logging.getLogger("shardfs.fuse")
 
-#: More coordinator deaths than this within RESTART_WINDOW seconds end the mount.
-MAX_RESTARTS = 5
-RESTART_WINDOW = 10.0
+#: Coordinators in a row that die before publishing their first table end the mount.
+MAX_FAILED_STARTS = 5
 #: Seconds the remaining processes get to leave once the mount ends.
 STOP_GRACE = 2.0
 #: The process names of a mount's supervisor and coordinator (/proc/PID/comm, what ps shows).
@@ -158,7 +159,10 @@ class Supervisor:
         self.clones: Dict[int, int] = {}  # worker pid -> the copy of its clone
         self.exited: Dict[int, int] = {}  # pid -> exit code, of processes whose clone has not come yet
         self.resends: Optional[bool] = None
-        self.deaths: List[float] = []
+        #: Coordinators in a row that died before taking over; the table
+        #: sequence when the one running started (`_published`).
+        self.failed_starts = 0
+        self.started_at_sequence = -1
         self.signals: List[int] = []
         self.stopping = False
         #: The coordinator was asked to leave the mount to a successor (an upgrade).
@@ -306,6 +310,8 @@ class Supervisor:
             self.sock.close()
         self.sock = ours
         self.coordinator = pid
+        # what this one publishes first moves it (the first one: -1, the handover comes after)
+        self.started_at_sequence = self._sequence()
         log.debug("coordinator %d started%s", pid, " (taking over)" if self.handover else "")
 
     def _read_messages(self) -> None:
@@ -363,14 +369,24 @@ class Supervisor:
                     log.error("the coordinator of %s exited (%s)%s", self.mountpoint, _how(code),
                               "" if self.handover else " before the mount served: ending it")
                 return code
-            now = time.monotonic()
-            self.deaths = [t for t in self.deaths if now - t < RESTART_WINDOW] + [now]
-            if len(self.deaths) > MAX_RESTARTS:
-                log.error("the coordinator of %s died %d times within %g s: unmounting", self.mountpoint,
-                          len(self.deaths), RESTART_WINDOW)
+            took_over = self.started_at_sequence < 0 or self._sequence() != self.started_at_sequence
+            self.failed_starts = 0 if took_over else self.failed_starts + 1
+            if self.failed_starts >= MAX_FAILED_STARTS:
+                log.error("%d coordinators of %s in a row died before taking it over: unmounting",
+                          self.failed_starts, self.mountpoint)
                 return 1
             log.warning("the coordinator of %s died (%s): starting another", self.mountpoint, _how(code))
             self._fork()
+
+    def _sequence(self) -> int:
+        """The shard table's sequence number in the shared state (its
+        first word, `shardfs.fuse.shared.SEQ`), -1 before the handover."""
+        if self.handover is None:
+            return -1
+        import mmap
+
+        with mmap.mmap(self.handover.state_fd, 8, prot=mmap.PROT_READ) as head:
+            return struct.unpack("q", head[:8])[0]
 
     def _worker_exited(self, pid: int, code: int) -> None:
         """A worker (or another process left to this one) exited: if it

@@ -699,6 +699,27 @@ def test_upgrade_in_place_costs_no_reader_an_error(mixed, mounter, tmp_path):
     assert log.read_text().count("upgrade of %s done" % point) == 2
 
 
+@contextlib.contextmanager
+def _state_version_changed(point: Path, restore: bool = True):
+    """While the block runs, the layout version word of the mount's shared
+    state (read through its supervisor's /proc/PID/fd) is one more than
+    this shardfs knows; put back after it when `restore`."""
+    from shardfs.fuse import shared
+
+    (supervisor,) = supervisor_pids(point)
+    fds = f"/proc/{supervisor}/fd"
+    (memfd,) = [f"{fds}/{n}" for n in os.listdir(fds) if os.readlink(f"{fds}/{n}").startswith("/memfd:shardfs-state")]
+    with open(memfd, "r+b") as f, mmap.mmap(f.fileno(), 4096) as head:
+        words = memoryview(head).cast("q")
+        words[shared.VERSION] += 1
+        try:
+            yield
+        finally:
+            if restore:
+                words[shared.VERSION] -= 1
+            words.release()
+
+
 def test_upgrade_refused_leaves_the_mount_as_it_is(mixed, mounter, tmp_path):
     """A mount whose state is of a layout this shardfs does not know (here:
     its version word changed) is not upgraded: one line, exit 1, the same
@@ -708,19 +729,8 @@ def test_upgrade_refused_leaves_the_mount_as_it_is(mixed, mounter, tmp_path):
     point = mounter.mount(path, tmp_path / "m", "-o", "workers=2")
     assert wait_until(lambda: len(worker_pids(point)) == 2)
     processes = sorted(mount_processes(point))
-    (supervisor,) = supervisor_pids(point)
-    fds = f"/proc/{supervisor}/fd"
-    (memfd,) = [f"{fds}/{n}" for n in os.listdir(fds) if os.readlink(f"{fds}/{n}").startswith("/memfd:shardfs-state")]
-    from shardfs.fuse import shared
-
-    with open(memfd, "r+b") as f, mmap.mmap(f.fileno(), 4096) as head:
-        words = memoryview(head).cast("q")
-        words[shared.VERSION] += 1
-        try:
-            done = run(SHARDFS + ["upgrade", str(point)])
-        finally:
-            words[shared.VERSION] -= 1
-            words.release()
+    with _state_version_changed(point):
+        done = run(SHARDFS + ["upgrade", str(point)])
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "version" in done.stderr and "not upgraded" in done.stderr and "Traceback" not in done.stderr
     assert sorted(mount_processes(point)) == processes
@@ -738,19 +748,15 @@ def test_coordinators_that_cannot_take_over_end_the_mount(mixed, mounter, tmp_pa
     state's version word changed under it, so every new one refuses it) is
     started again MAX_FAILED_STARTS times, then the supervisor unmounts and
     every process ends: no restart loop, no stale mount."""
-    from shardfs.fuse import shared, supervisor as supervisor_mod
+    from shardfs.fuse import supervisor as supervisor_mod
 
     path, objects = mixed
     log = tmp_path / "mount.log"
     point = mounter.mount(path, tmp_path / "m", "-o", "workers=2", "--log-file", str(log))
     processes = mount_processes(point)
     (supervisor,) = supervisor_pids(point)
-    fds = f"/proc/{supervisor}/fd"
-    (memfd,) = [f"{fds}/{n}" for n in os.listdir(fds) if os.readlink(f"{fds}/{n}").startswith("/memfd:shardfs-state")]
-    with open(memfd, "r+b") as f, mmap.mmap(f.fileno(), 4096) as head:
-        words = memoryview(head).cast("q")
-        words[shared.VERSION] += 1
-        words.release()
+    with _state_version_changed(point, restore=False):
+        pass
     (coordinator,) = daemon_pids(point)
     os.kill(coordinator, signal.SIGKILL)
     assert wait_until(lambda: not mounted(point), timeout=30), log.read_text()[-2000:]

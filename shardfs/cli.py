@@ -1432,10 +1432,12 @@ def _add_systemd_unit_parser(command) -> None:
         cmd_systemd_unit,
         "print a systemd template unit that mounts shardfs at boot",
         "Print shardfs@.service, a systemd template unit whose instance is a mount point\n"
-        "(systemd-escape --path): it runs 'shardfs mount --foreground' with the arguments\n"
+        "(systemd-escape --path): it runs 'shardfs mount' with the arguments\n"
         "SHARDFS_ARGS of /etc/shardfs/<instance>.conf, is ready once the mount answers\n"
-        "(Type=notify: needs systemd-python, pip install shardfs[systemd]), unmounts on\n"
-        "stop and mounts again after a crash. ExecStart names this shardfs command.",
+        "(Type=notify: needs systemd-python, pip install shardfs[systemd]), survives the\n"
+        "death of its coordinator (the mount's supervisor is the service's main process),\n"
+        "unmounts on stop and mounts again after a crash. ExecStart names this shardfs\n"
+        "command.",
         "  shardfs systemd-unit > /etc/systemd/system/shardfs@.service\n"
         "  echo 'SHARDFS_ARGS=--shard-dir /srv/shards' > /etc/shardfs/mnt-archive.conf\n"
         "  systemctl enable --now shardfs@$(systemd-escape --path /mnt/archive)\n",

@@ -112,6 +112,13 @@ def daemon_pids(mountpoint: os.PathLike) -> List[int]:
     return named or [p for p in pids if _ppid(p) not in pids]
 
 
+def coordinator_pids(mountpoint: os.PathLike) -> List[int]:
+    """Pids of the processes named shardfs-coord serving `mountpoint` (a
+    background mount's coordinator; none between one's death and the next
+    one's start)."""
+    return [p for p in mount_processes(mountpoint) if _comm(p) == "shardfs-coord"]
+
+
 def supervisor_pids(mountpoint: os.PathLike) -> List[int]:
     """Pids of the supervisors of `mountpoint` (shardfs.fuse.supervisor:
     the background daemon, parent of the coordinator and the workers)."""

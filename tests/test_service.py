@@ -13,13 +13,15 @@ import subprocess
 import time
 
 import pytest
-from mounting import SHARDFS, build_shard, make_blobs, mounted, needs_fuse, run
+from mounting import (SHARDFS, build_shard, coordinator_pids, gone, make_blobs, mount_processes, mounted, needs_fuse, run,
+                      supervisor_pids, wait_until)
 
 
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path):
     """The unit names this shardfs command (an absolute, executable path),
-    runs it in the foreground with Type=notify, and systemd's own checker
-    finds nothing to say about it as an instance for /mnt/archive."""
+    runs a background mount with Type=notify (ready told by the mount's
+    coordinator: NotifyAccess=all), and systemd's own checker finds nothing
+    to say about it as an instance for /mnt/archive."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed")
@@ -27,10 +29,10 @@ def test_systemd_unit_passes_systemd_analyze_verify(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     unit = proc.stdout
     lines = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
-    assert lines["Type"] == "notify" and lines["Restart"] == "on-failure"
+    assert lines["Type"] == "notify" and lines["Restart"] == "on-failure" and lines["NotifyAccess"] == "all"
     executable = lines["ExecStart"].split()[0]
     assert os.path.isabs(executable) and os.access(executable, os.X_OK), executable
-    assert lines["ExecStart"].split()[1:] == ["mount", "--foreground", "$SHARDFS_ARGS", "%f"]
+    assert lines["ExecStart"].split()[1:] == ["mount", "$SHARDFS_ARGS", "%f"]
     instance = subprocess.run(["systemd-escape", "--path", "/mnt/archive"], capture_output=True, text=True)
     path = tmp_path / f"shardfs@{instance.stdout.strip()}.service"
     path.write_text(unit)
@@ -42,19 +44,26 @@ def test_systemd_unit_passes_systemd_analyze_verify(tmp_path):
     assert subprocess.run([analyze, "verify", str(bad)], capture_output=True, timeout=60).returncode != 0
 
 
-@needs_fuse
-def test_foreground_mount_tells_the_service_manager_ready_and_stopping(tmp_path):
-    """With NOTIFY_SOCKET set, `shardfs mount --foreground` sends READY=1
-    once the mount answers, and STOPPING=1 when SIGTERM (systemctl stop)
-    unmounts it; it then exits 0 and leaves no mount."""
+def _service_setup(tmp_path, seed: int):
+    """(objects of a shard at tmp_path/a.shard, an empty mount point, a
+    datagram socket bound as the service manager's, the environment that
+    names it in NOTIFY_SOCKET); skips without systemd-python."""
     pytest.importorskip("systemd.daemon")
-    objects = build_shard(tmp_path / "a.shard", make_blobs(31, 20))
+    objects = build_shard(tmp_path / "a.shard", make_blobs(seed, 20))
     point = tmp_path / "m"
     point.mkdir()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify"))
     sock.settimeout(120)
-    env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "notify"))
+    return objects, point, sock, dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "notify"))
+
+
+@needs_fuse
+def test_foreground_mount_tells_the_service_manager_ready_and_stopping(tmp_path):
+    """With NOTIFY_SOCKET set, `shardfs mount --foreground` sends READY=1
+    once the mount answers, and STOPPING=1 when SIGTERM (systemctl stop)
+    unmounts it; it then exits 0 and leaves no mount."""
+    objects, point, sock, env = _service_setup(tmp_path, 31)
     proc = subprocess.Popen(SHARDFS + ["mount", "--foreground", str(tmp_path / "a.shard"), str(point)], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -73,4 +82,43 @@ def test_foreground_mount_tells_the_service_manager_ready_and_stopping(tmp_path)
             time.sleep(0.1)
             if mounted(point):
                 run(SHARDFS + ["umount", str(point)])
+        sock.close()
+
+
+def _told(sock: socket.socket, line: str) -> list:
+    """The lines of the first notification on `sock` that has `line`
+    (others before it, STATUS= alone say, are passed over)."""
+    while True:
+        said = sock.recv(4096).decode().splitlines()
+        if line in said:
+            return said
+
+
+@needs_fuse
+def test_background_mount_under_systemd_survives_its_coordinator(tmp_path):
+    """What the unit runs: a background `shardfs mount` with NOTIFY_SOCKET
+    set sends READY=1 with MAINPID= its supervisor (the service's main
+    process from then on) before the command exits; kill -9 of the
+    coordinator leaves the mount serving; SIGTERM to the supervisor
+    (systemctl stop) sends STOPPING=1, unmounts and ends every process."""
+    objects, point, sock, env = _service_setup(tmp_path, 32)
+    done = subprocess.run(SHARDFS + ["mount", str(tmp_path / "a.shard"), str(point)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    try:
+        assert done.returncode == 0, done.stderr
+        said = _told(sock, "READY=1")
+        (supervisor,) = supervisor_pids(point)
+        assert f"MAINPID={supervisor}" in said, said
+        (coordinator,) = coordinator_pids(point)
+        os.kill(coordinator, signal.SIGKILL)
+        assert wait_until(lambda: coordinator_pids(point) not in ([], [coordinator]))
+        key = sorted(objects)[0]
+        assert (point / key).read_bytes() == objects[key]
+        processes = mount_processes(point)
+        os.kill(supervisor, signal.SIGTERM)
+        _told(sock, "STOPPING=1")
+        assert wait_until(lambda: not mounted(point) and all(gone(p) for p in processes))
+    finally:
+        if mounted(point):
+            run(SHARDFS + ["umount", str(point)])
         sock.close()

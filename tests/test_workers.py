@@ -36,6 +36,7 @@ from mounting import (
     SLOWDOWN,
     bash,
     build_shard,
+    coordinator_pids,
     daemon_pids,
     kill_every_process,
     supervisor_pids,
@@ -638,7 +639,7 @@ def test_killed_coordinator_costs_no_reader_an_error(mixed, mounter, tmp_path):
             if round == 1:  # a worker dies while no coordinator runs
                 victim = workers.pop()
                 os.kill(victim, signal.SIGKILL)
-            assert wait_until(lambda: daemon_pids(point) not in ([], [coordinator])
+            assert wait_until(lambda: coordinator_pids(point) not in ([], [coordinator])
                               and log.read_text().count("took over") > round, timeout=5), log.read_text()[-2000:]
             assert time.monotonic() - killed < 2.0  # within a second, with a second of slack for this machine
             time.sleep(0.5)

@@ -347,13 +347,16 @@ class Coordinator:
                 return 1
             if self.metrics is not None:
                 self._serve_metrics()
+            # Told before the command that started the mount exits (on "ok"):
+            # with a supervisor, it is the service's main process from now on.
+            main = f"MAINPID={self._supervisor_pid}\n" if self._supervisor_pid else ""
+            service.notify(f"READY=1\n{main}STATUS=serving {len(self.shards.served())} shard(s) on {self.mountpoint}")
             self.report("ok")
             # The report closed the private descriptors (the readiness
             # pipe): their numbers are free for this process's next
             # descriptors (a replacement worker's clone), which a worker
             # must not close as private.
             self.private_fds = ()
-            service.notify(f"READY=1\nSTATUS=serving {len(self.shards.served())} shard(s) on {self.mountpoint}")
             if later:
                 self._publish()
             self._hand_over()
@@ -692,6 +695,7 @@ class Coordinator:
 
         for signum in LOOP_SIGNALS:
             signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, supervisor_mod.HELD_SIGNALS)  # held at a takeover
 
     def _loop(self) -> int:
         """Run the coordinator's loop (`_main`) on trio; returns the exit

@@ -6,12 +6,19 @@ escaped as systemd escapes paths (``systemd-escape --path /mnt/archive``
 gives ``mnt-archive``; ``%f`` gives the path back), and what to mount
 comes from ``/etc/shardfs/<instance>.conf``, an environment file setting
 ``SHARDFS_ARGS`` (``SHARDFS_ARGS=--shard-dir /srv/shards -o workers=4``).
-The service runs ``shardfs mount --foreground``: its main process is the
-coordinator, which tells systemd it is ready once the mount answers
-(``Type=notify``, `notify`), and unmounts on SIGTERM
-(``systemctl stop``); the workers die with it (``KillMode=mixed`` kills
-what is left after it). ``Restart=on-failure`` mounts again after a
-crash (the new process clears the stale mount point first).
+The service runs ``shardfs mount`` (a background mount, whose supervisor
+keeps the FUSE connection while its coordinator dies and is started again:
+`shardfs.fuse.supervisor`): the coordinator tells systemd it is ready once
+the mount answers, and that the supervisor is the service's main process
+from then on (``READY=1`` and ``MAINPID=``: ``Type=notify`` with
+``NotifyAccess=all``, since the sender is not the process systemd
+started, `notify`), before the command exits. ``systemctl stop`` sends
+SIGTERM to the supervisor, which passes it to the coordinator: it
+unmounts, every process leaves (``KillMode=mixed`` kills what is left).
+``Restart=on-failure`` mounts again after the supervisor itself died (the
+new process clears the stale mount point first). systemd's file
+descriptor store (``FileDescriptorStoreMax=``) is not used: the supervisor
+holds the connection.
 
 `notify` uses the systemd project's Python binding (``systemd.daemon``,
 package systemd-python: ``pip install shardfs[systemd]``); without it a
@@ -39,9 +46,10 @@ Wants=network-online.target
 
 [Service]
 Type=notify
-NotifyAccess=main
+# READY=1 comes from the mount's coordinator, with MAINPID= its supervisor
+NotifyAccess=all
 EnvironmentFile=/etc/shardfs/%i.conf
-ExecStart={executable} mount --foreground $SHARDFS_ARGS %f
+ExecStart={executable} mount $SHARDFS_ARGS %f
 ExecStop={executable} umount %f
 Restart=on-failure
 RestartSec=2s

@@ -70,6 +70,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 FUSE_NOTIFY_RESEND = 7
 #: The daemon's argument that resumes a supervisor after an upgrade (JSON of what it hands over).
 UPGRADE_ARGUMENT = "--upgrade-from"
+#: Signals a coordinator started to take over holds until it can act on them.
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 #: Most descriptors one message carries.
 _MAX_FDS = 4
 
@@ -209,6 +211,9 @@ class Supervisor:
             if signum == signal.SIGUSR2:
                 self._upgrade()
             elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) and self.coordinator:
+                if signum != signal.SIGHUP:
+                    self.stopping = True  # the coordinator's death then ends the mount
+                log.debug("signal %d passed to the coordinator %d", signum, self.coordinator)
                 try:
                     os.kill(self.coordinator, signum)
                 except ProcessLookupError:
@@ -295,11 +300,17 @@ class Supervisor:
                 signal.set_wakeup_fd(-1)
                 for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
                     signal.signal(signum, signal.SIG_DFL)
+                if self.handover is not None:
+                    # held until the coordinator acts on them (Coordinator._install_signals):
+                    # a SIGTERM passed on during its takeover must unmount, not kill it
+                    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
                 for fd in self.clones.values():
                     os.close(fd)
                 die_with_parent(signal.SIGTERM, self.pid)
                 set_name(COORDINATOR_NAME)
                 self.start(self.handover, theirs, self.ready_fd)
+            except BaseException:  # (os._exit below: nothing would print it)
+                log.exception("the coordinator of %s failed", self.mountpoint)
             finally:
                 os._exit(1)
         theirs.close()
@@ -364,6 +375,9 @@ class Supervisor:
                 self._fork()
                 self.handover.upgrade = False
                 continue
+            if code != 0 and self.handover is not None and not self.stopping and not self._mounted():
+                log.warning("the coordinator of %s exited (%s) after the mount ended", self.mountpoint, _how(code))
+                return code
             if code == 0 or self.handover is None or self.stopping:
                 if code != 0:
                     log.error("the coordinator of %s exited (%s)%s", self.mountpoint, _how(code),
@@ -377,6 +391,13 @@ class Supervisor:
                 return 1
             log.warning("the coordinator of %s died (%s): starting another", self.mountpoint, _how(code))
             self._fork()
+
+    def _mounted(self) -> bool:
+        """The mount point is still mounted (else the mount ended: an
+        unmount, the connection aborted) and there is nothing to restart."""
+        from shardfs.fuse.mount import is_mounted
+
+        return is_mounted(self.mountpoint)
 
     def _sequence(self) -> int:
         """The shard table's sequence number in the shared state (its
@@ -425,11 +446,13 @@ class Supervisor:
     def _end_children(self) -> None:
         """The mount is over: unmount if it is still there, end what is
         left (SIGTERM, then SIGKILL after STOP_GRACE), reap it."""
+        from shardfs.fuse import service
         from shardfs.fuse.mount import _run_unmount, is_mounted
 
         self.stopping = True
         try:
             if is_mounted(self.mountpoint):
+                service.notify("STOPPING=1")  # (a coordinator that unmounted said it already)
                 _run_unmount(self.mountpoint, lazy=True)
         except Exception as exc:  # pragma: no cover - logged, the processes still end
             log.warning("cannot unmount %s: %s", self.mountpoint, exc)

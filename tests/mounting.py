@@ -108,15 +108,16 @@ def daemon_pids(mountpoint: os.PathLike) -> List[int]:
     them (a mount without a supervisor); workers left out (see
     `mount_processes`)."""
     pids = mount_processes(mountpoint)
-    named = [p for p in pids if _comm(p) == "shardfs-coord"]
-    return named or [p for p in pids if _ppid(p) not in pids]
+    return coordinator_pids(mountpoint) or [p for p in pids if _ppid(p) not in pids]
 
 
 def coordinator_pids(mountpoint: os.PathLike) -> List[int]:
     """Pids of the processes named shardfs-coord serving `mountpoint` (a
     background mount's coordinator; none between one's death and the next
-    one's start)."""
-    return [p for p in mount_processes(mountpoint) if _comm(p) == "shardfs-coord"]
+    one's start). A child it just forked, not named yet (a worker, the
+    sidecar builder), is left out."""
+    return [p for p in mount_processes(mountpoint)
+            if _comm(p) == "shardfs-coord" and _comm(_ppid(p)) != "shardfs-coord"]
 
 
 def supervisor_pids(mountpoint: os.PathLike) -> List[int]:

@@ -610,6 +610,20 @@ def test_a_coordinator_out_of_descriptors_still_replaces_a_dead_worker(mixed, mo
             resource.prlimit(coordinator, resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def _followed_mount(mixed, mounter, tmp_path: Path, workers: int) -> tuple:
+    """(objects, shard directory, log file, mount point) of a flat mount
+    of a shard directory holding a copy of the `mixed` shard, with
+    `workers` workers, logging to the log file."""
+    path, objects = mixed
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    shutil.copy(path, shard_dir / "mixed.shard")
+    log = tmp_path / "mount.log"
+    point = mounter.mount([], tmp_path / "m", "--shard-dir", str(shard_dir), "--layout", "flat",
+                          "-o", f"workers={workers}", "--log-file", str(log))
+    return objects, shard_dir, log, point
+
+
 @pytest.mark.skipif(not _kernel_resends(), reason="the kernel cannot resend requests (Linux < 6.9)")
 def test_killed_coordinator_costs_no_reader_an_error(mixed, mounter, tmp_path):
     """kill -9 of the coordinator, three times, while 6 readers read
@@ -620,13 +634,7 @@ def test_killed_coordinator_costs_no_reader_an_error(mixed, mounter, tmp_path):
     killed while no coordinator runs costs no error either (the supervisor
     has its requests resent). The new coordinator follows the shard
     directory and takes objects down; `shardfs status` counts it."""
-    path, objects = mixed
-    shard_dir = tmp_path / "shards"
-    shard_dir.mkdir()
-    shutil.copy(path, shard_dir / "mixed.shard")
-    log = tmp_path / "mount.log"
-    point = mounter.mount([], tmp_path / "m", "--shard-dir", str(shard_dir), "--layout", "flat",
-                          "-o", "workers=3", "--log-file", str(log))
+    objects, shard_dir, log, point = _followed_mount(mixed, mounter, tmp_path, workers=3)
     keys = sorted(objects)
     inodes = {key: os.stat(point / key).st_ino for key in keys[:50]}
     workers = sorted(worker_pids(point))
@@ -765,6 +773,44 @@ def test_coordinators_that_cannot_take_over_end_the_mount(mixed, mounter, tmp_pa
     text = log.read_text()
     assert text.count("cannot take") == supervisor_mod.MAX_FAILED_STARTS
     assert "in a row died before taking it over" in text
+
+
+def test_changes_made_while_no_coordinator_runs_are_in_force_after_the_takeover(mixed, mounter, tmp_path):
+    """While no coordinator runs (it was killed, the supervisor stopped so
+    that none replaces it yet), an object is taken down and a shard added;
+    `shardfs delete` finds no one to tell. Once the next coordinator takes
+    over: the object is gone, its cached name and pages too (a file opened
+    before reads nothing more), and the new shard's objects are served."""
+    objects, shard_dir, log, point = _followed_mount(mixed, mounter, tmp_path, workers=2)
+    # the table the next coordinator takes names the sidecar (what its check for takedowns reads)
+    assert wait_until(lambda: stats(point)["sidecars"] == 1)
+    victim = sorted(objects)[7]
+    assert (point / victim).read_bytes() == objects[victim]  # name and pages cached
+    held = os.open(point / victim, os.O_RDONLY)
+    (supervisor,) = supervisor_pids(point)
+    (coordinator,) = coordinator_pids(point)
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        os.kill(coordinator, signal.SIGKILL)
+        assert wait_until(lambda: gone(coordinator))
+        done = run(SHARDFS + ["delete", "--yes", str(shard_dir / "mixed.shard"), victim])
+        assert done.returncode == 0, done.stderr
+        extra = build_shard(shard_dir / ".new", make_blobs(78, 10, 1, 64, b"while"))
+        os.rename(shard_dir / ".new", shard_dir / "extra.shard")
+        time.sleep(0.5)
+        assert os.pread(held, 16, 0) == objects[victim][:16]  # nobody invalidated it yet
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    try:
+        assert wait_until(lambda: log.read_text().count("took over") == 1), log.read_text()[-2000:]
+        assert wait_until(lambda: not (point / victim).exists())
+        with pytest.raises(OSError):
+            os.pread(held, 16, 0)
+    finally:
+        os.close(held)
+    new_key = sorted(extra)[0]
+    assert wait_until(lambda: (point / new_key).exists())
+    assert (point / new_key).read_bytes() == extra[new_key]
 
 
 def test_killed_supervisor_unmounts_cleanly(mixed, mounter, tmp_path):

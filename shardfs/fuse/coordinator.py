@@ -45,11 +45,18 @@ what must be decided in one place:
   keeps going meanwhile, and publishes the sidecars that are ready once per
   turn of its loop).
 * **Workers.** A worker that dies is replaced at once; the requests it had
-  read are first queued again for the others (`_release_clone`: the
-  coordinator holds a copy of each worker's clone of the FUSE device, so
-  the kernel keeps them until asked to resend); SIGINT, SIGTERM
+  read are first queued again for the others (the mount's supervisor,
+  `shardfs.fuse.supervisor`, holds a copy of each worker's clone of the
+  FUSE device, so the kernel keeps them until asked to resend; without a
+  supervisor the coordinator does: `_release_clone`); SIGINT, SIGTERM
   and ``shardfs umount`` end every process and remove the mount. Workers
-  die with the coordinator (``PR_SET_PDEATHSIG``).
+  are the supervisor's children and die with it (``PR_SET_PDEATHSIG``;
+  without one, with the coordinator).
+
+A background mount's coordinator can die and be replaced: the next one
+takes the mount over from the state the supervisor keeps (`Handover`,
+`_serve_adopted`); SIGUSR2 makes it leave the mount to a successor of the
+code installed now (an upgrade in place: `_stop`, `_replace_workers`).
 
 Why fork only after INIT: a libfuse session that has not processed INIT
 answers EIO to everything. So the coordinator reads and answers INIT
@@ -325,8 +332,6 @@ class Coordinator:
             self.shards.in_use = self.open_files.in_use
             log.info("mounted %s", self.description)
             self.state = SharedState(self.nworkers)
-            if self.supervisor is not None:
-                os.set_inheritable(self.state.fd, False)
             # The first table (100,000 shards: a second to write) is
             # written once the mount answers: the workers are forked with
             # the set it describes, so they serve meanwhile. A winery
@@ -505,8 +510,9 @@ class Coordinator:
     def _fork_worker(self, position: int, published: int, clone: int, fds: "tuple[int, ...]") -> int:
         """Fork the worker of `position`; its pid. Without a supervisor, a
         child of this process; with one, a child of the supervisor: forked
-        by a child of this process that exits at once, telling its pid on
-        a pipe (the kernel gives an orphan to the nearest subreaper)."""
+        by a child of this process that exits at once, having written the
+        worker's pid in the row's PID word (the kernel gives an orphan to
+        the nearest subreaper). Raises OSError when no worker was forked."""
         if self.supervisor is None:
             pid = os.fork()
             if pid == 0:

@@ -942,6 +942,8 @@ def _format_status(st: dict) -> str:
     lines.append(("workers", f"{len(workers)}, requests served: " + ", ".join(f"{w:,}" for w in workers)
                   + f"; {st.get('restarts', 0):,} restarted"))
     lines.append(("coordinator", f"restarted {st.get('coordinator_restarts', 0):,} time(s) after it died"))
+    lines.append(("answered", f"{st.get('reply_bytes', 0):,} bytes, {st.get('pushed_bytes', 0):,} bytes pushed into "
+                              f"the page cache; {st.get('errors', 0):,} error answers"))
     python = st.get("python") or {}
     lines.append(("lookups", f"{st.get('lookups', 0):,} ({st.get('index_probes', 0):,} index probes); "
                              f"{sum(python.values()):,} requests reached Python"))

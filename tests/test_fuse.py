@@ -841,6 +841,11 @@ def test_metrics_endpoint(mounter, tmp_path):
     assert requests[(("operation", "mkdir"),)] == 0  # every kind, from the start
     assert m["shardfs_lookups_total"][()] >= len(keys)
     assert m["shardfs_build_info"][(("version", shardfs.__version__),)] == 1
+    # the objects' bytes were answered or pushed into the page cache; no error answered
+    assert m["shardfs_answered_bytes_total"][()] + m["shardfs_pushed_bytes_total"][()] >= \
+        sum(len(objects[key]) for key in keys)
+    assert m["shardfs_pushed_bytes_total"][()] > 0  # (CPython's open asks isatty: the object is pushed)
+    assert m["shardfs_errors_total"][()] == 0
     # request durations: a histogram per kind, every lookup in it
     lookup = (("operation", "lookup"),)
     count = m["shardfs_request_duration_seconds_count"][lookup]

@@ -58,6 +58,7 @@ def test_shard_changed_under_a_mount(tmp_path, mounter, how):
     # by the kernel: keep_cache), the rest never touched.
     for key in keys_a[:20]:
         assert _read(point / key) == objects_a[key]
+    assert _stats(point)["errors"] == 0
     with shardfs.Shard(str(a)) as s:
         index_position = s.header.index_position
     if how == "truncate":
@@ -79,6 +80,11 @@ def test_shard_changed_under_a_mount(tmp_path, mounter, how):
     assert outcomes["wrong"] == 0, outcomes
     if how == "truncate":
         assert outcomes["eio"] == 300, outcomes  # every byte of A's index is gone
+    # each EIO came from an error answer (one or more: the kernel may ask
+    # again), counted where it is written; an absent name's ENOENT and the
+    # ERANGE that sizes the xattr read here are not errors
+    errors = _stats(point)["errors"]
+    assert outcomes["eio"] <= errors <= 3 * outcomes["eio"] and (errors > 0) == (outcomes["eio"] > 0)
     # B is untouched and served as before.
     for key in list(objects_b)[:500]:
         assert _read(point / key) == objects_b[key]
@@ -88,6 +94,10 @@ def test_shard_changed_under_a_mount(tmp_path, mounter, how):
     proc = run(SHARDFS + ["umount", point])
     assert proc.returncode == 0, proc.stderr
     assert not mounted(point)
+
+
+def _stats(point) -> dict:
+    return json.loads(os.getxattr(point, "user.shardfs.stats"))
 
 
 # ------------------------------------------------------------ concurrency

@@ -54,6 +54,19 @@ extern const char *const ll_kind_names[LL_KINDS];
 enum ll_stat { LL_STAT_LOOKUPS, LL_STAT_PROBES, LL_STAT_PUSHED, LL_STAT_PUSH_REFUSED, LL_STAT_HASH_PROBES, LL_STATS };
 extern const char *const ll_stat_names[LL_STATS];
 
+/* What a worker wrote to /dev/fuse, counted where it is written (the
+ * session's writev, py_session.c), one word each of the worker's row
+ * (shared memory, written only by C, atomically), exported to Python as
+ * shardfs._shardfs.IO_WORDS: bytes of answers after their 16-byte
+ * headers (the objects' bytes of READ answers, and the entries, attributes
+ * and listings of the others); bytes of objects pushed into the kernel's
+ * page cache (FUSE_NOTIFY_STORE, after its headers); error answers, but
+ * for the ones that are a normal answer (ENOENT: no such name, ENODATA: no
+ * such attribute, ERANGE: a buffer too small for it, ENOTTY, ENOSYS:
+ * no-open mode, EROFS: a write refused). */
+enum ll_io { LL_IO_REPLY_BYTES, LL_IO_PUSHED_BYTES, LL_IO_ERRORS, LL_IO_WORDS };
+extern const char *const ll_io_names[LL_IO_WORDS];
+
 struct ll_fast; /* ll_fast.c: the shards C serves alone */
 
 typedef struct {
@@ -81,6 +94,8 @@ typedef struct {
     unsigned char *init_request; /* the kernel's INIT request as read (answer_init), or NULL */
     size_t init_request_len;  /* its bytes */
     volatile int swallow_init; /* the INIT answer being written is dropped (a session adopted) */
+    int64_t *io;              /* [LL_IO_WORDS] what was written (enum ll_io), or NULL */
+    Py_buffer io_view;        /* the shared memory `io` points into (obj NULL: none) */
 } Session;
 
 /* The extended attributes a mount has, answered by the handlers (which

@@ -141,6 +141,8 @@ const char *const ll_kind_names[LL_KINDS] = {
 
 const char *const ll_stat_names[LL_STATS] = {"lookups", "probes", "pushed", "push_refused", "hash_probes"};
 
+const char *const ll_io_names[LL_IO_WORDS] = {"reply_bytes", "pushed_bytes", "errors"};
+
 /* Upper bounds of the duration buckets (ll.h), in nanoseconds: 10 µs to
  * 10 s, 1-2.5-5 steps. */
 const int64_t ll_hist_bounds_ns[LL_HIST_BUCKETS - 1] = {
@@ -353,6 +355,7 @@ PyMODINIT_FUNC PyInit__shardfs(void)
         PyModule_AddObject(m, "LookupPackWriter", (PyObject *)&LookupPackWriterType) < 0 ||
         PyModule_AddObject(m, "REQUEST_KINDS", names_tuple(ll_kind_names, LL_KINDS)) < 0 ||
         PyModule_AddObject(m, "STAT_WORDS", names_tuple(ll_stat_names, LL_STATS)) < 0 ||
+        PyModule_AddObject(m, "IO_WORDS", names_tuple(ll_io_names, LL_IO_WORDS)) < 0 ||
         PyModule_AddObject(m, "HIST_BOUNDS_NS", hist_bounds()) < 0 ||
         PyModule_AddIntConstant(m, "SHARD_REMOVED", LL_REMOVED) < 0 ||
         PyModule_AddIntConstant(m, "SHARD_UNKNOWN", LL_UNKNOWN) < 0 ||

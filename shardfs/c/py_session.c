@@ -48,6 +48,8 @@ static void Session_dealloc(Session *self)
         PyBuffer_Release(&self->stats_view);
     if (self->hist_view.obj)
         PyBuffer_Release(&self->hist_view);
+    if (self->io_view.obj)
+        PyBuffer_Release(&self->io_view);
     pthread_mutex_destroy(&self->py_lock);
     free(self->init_request);
     Py_XDECREF(self->fs);
@@ -82,6 +84,25 @@ static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
  * (its do_init drops it: libfuse commit c9905341, issue #861), and
  * without it the kernel runs one LOOKUP or READDIR per directory at a
  * time: every cold open in a flat root would wait for the one before. */
+/* Count what was written to /dev/fuse, from its header (ll.h, enum ll_io):
+ * an answer (`unique` ≠ 0) by its length or its error, a notification
+ * (`unique` 0, `error` its code) of stored bytes by their length. */
+static void count_written(int64_t *io, const struct fuse_out_header *h)
+{
+    if (h->unique == 0) {
+        size_t head = sizeof(*h) + sizeof(struct fuse_notify_store_out);
+        if (h->error == FUSE_NOTIFY_STORE && h->len > head)
+            __atomic_fetch_add(&io[LL_IO_PUSHED_BYTES], (int64_t)(h->len - head), __ATOMIC_RELAXED);
+    } else if (h->error == 0) {
+        if (h->len > sizeof(*h))
+            __atomic_fetch_add(&io[LL_IO_REPLY_BYTES], (int64_t)(h->len - sizeof(*h)), __ATOMIC_RELAXED);
+    } else {
+        int e = -h->error;
+        if (e != ENOENT && e != ENODATA && e != ENOTTY && e != ENOSYS && e != EROFS && e != ERANGE)
+            __atomic_fetch_add(&io[LL_IO_ERRORS], 1, __ATOMIC_RELAXED);
+    }
+}
+
 static ssize_t session_writev(int fd, struct iovec *iov, int count, void *userdata)
 {
     Session *s = userdata;
@@ -99,7 +120,10 @@ static ssize_t session_writev(int fd, struct iovec *iov, int count, void *userda
         out->flags |= FUSE_PARALLEL_DIROPS;
         s->patch_init = 0;
     }
-    return writev(fd, iov, count);
+    ssize_t written = writev(fd, iov, count);
+    if (s && s->io && written > 0 && count >= 1 && iov[0].iov_len >= sizeof(struct fuse_out_header))
+        count_written(s->io, iov[0].iov_base);
+    return written;
 }
 
 static ssize_t session_read(int fd, void *buf, size_t len, void *userdata)
@@ -330,10 +354,10 @@ static int words_buffer(PyObject *obj, Py_buffer *view, size_t words, const char
     return 0;
 }
 
-/* serve(threads, counts=None, seq=None, stats=None, hist=None) -> int: serve
- * requests until the mount ends, with at most `threads` threads (started
+/* serve(threads, counts=None, seq=None, stats=None, hist=None, io=None) -> int:
+ * serve requests until the mount ends, with at most `threads` threads (started
  * as requests wait for one), all reading the session's descriptor (the
- * worker's clone of the device, of which its coordinator keeps a copy:
+ * worker's clone of the device, of which the mount's supervisor keeps a copy:
  * requests read by a dead worker can then be resent, worker.py); the
  * GIL is released. `counts`: LL_KINDS native int64 words where
  * requests are counted by kind (shared memory), else the session's own.
@@ -343,15 +367,16 @@ static int words_buffer(PyObject *obj, Py_buffer *view, size_t words, const char
  * objects pushed ahead, the pushes the kernel refused and the hash index
  * probes of lookups by sha1 or sha1_git (ll_fast.c); `hist`:
  * LL_KINDS * LL_HIST_WORDS words where requests' durations are counted
- * (ll.h), else they are not timed. Returns libfuse's status (0:
- * unmounted). */
+ * (ll.h), else they are not timed; `io`: LL_IO_WORDS words counting the
+ * bytes answered and pushed and the error answers (ll.h, enum ll_io),
+ * else they are not counted. Returns libfuse's status (0: unmounted). */
 static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"threads", "counts", "seq", "stats", "hist", NULL};
+    static char *kwlist[] = {"threads", "counts", "seq", "stats", "hist", "io", NULL};
     int threads;
-    PyObject *counts = Py_None, *seq = Py_None, *stats = Py_None, *hist = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOO:serve", kwlist, &threads, &counts, &seq, &stats,
-                                     &hist))
+    PyObject *counts = Py_None, *seq = Py_None, *stats = Py_None, *hist = Py_None, *io = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOOO:serve", kwlist, &threads, &counts, &seq, &stats,
+                                     &hist, &io))
         return NULL;
     if (!session_ready(self))
         return NULL;
@@ -377,6 +402,11 @@ static PyObject *Session_serve(Session *self, PyObject *args, PyObject *kwds)
         if (words_buffer(hist, &self->hist_view, (size_t)LL_KINDS * LL_HIST_WORDS, "hist") < 0)
             return NULL;
         self->hist = self->hist_view.buf;
+    }
+    if (io != Py_None) {
+        if (words_buffer(io, &self->io_view, LL_IO_WORDS, "io") < 0)
+            return NULL;
+        self->io = self->io_view.buf;
     }
     self->fast = ll_fast_new(self->seq_view.obj ? self->seq_view.buf : NULL,
                              self->stats_view.obj ? self->stats_view.buf : NULL);
@@ -487,7 +517,8 @@ static PyMethodDef Session_methods[] = {
     {"answer_init", (PyCFunction)Session_answer_init, METH_O,
      "answer_init(timeout) -> bool: answer the kernel's INIT request and nothing else."},
     {"serve", (PyCFunction)(void (*)(void))Session_serve, METH_VARARGS | METH_KEYWORDS,
-     "serve(threads, counts=None) -> int: serve requests until unmounted (GIL released)."},
+     "serve(threads, counts=None, seq=None, stats=None, hist=None, io=None) -> int: serve requests until "
+     "unmounted (GIL released)."},
     {"invalidate_entry", (PyCFunction)Session_invalidate_entry, METH_VARARGS,
      "invalidate_entry(parent, name): the kernel forgets a name."},
     {"invalidate_inode", (PyCFunction)Session_invalidate_inode, METH_O,

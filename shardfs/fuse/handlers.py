@@ -220,6 +220,12 @@ class RequestHooks:
         one process)."""
         return 0
 
+    def written(self) -> Dict[str, int]:
+        """What the workers wrote to the FUSE device (`shardfs.fuse.shared.
+        SharedState.written`: bytes answered and pushed, error answers);
+        not counted here (zeros)."""
+        return {"reply_bytes": 0, "pushed_bytes": 0, "errors": 0}
+
     def per_process(self) -> List[int]:
         """Requests served by each process serving the mount."""
         return [sum(self.counts.values())]
@@ -893,6 +899,7 @@ class ShardFS:
             "workers": self.hooks.per_process(),
             "restarts": self.hooks.restarts(),
             "coordinator_restarts": self.hooks.coordinator_restarts(),
+            **self.hooks.written(),
             "version": shardfs_version,
             "python": self.hooks.python_requests(),
             "index": self.shards.index.stats() if self.shards.index is not None else None,

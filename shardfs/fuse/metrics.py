@@ -27,6 +27,12 @@ Metrics (labels in braces):
 - ``shardfs_pushed_objects_total``, ``shardfs_push_refused_total``:
   objects written into the kernel's page cache ahead of their reads, and
   pushes the kernel refused.
+- ``shardfs_answered_bytes_total``, ``shardfs_pushed_bytes_total``:
+  bytes of answers (after their headers: objects' bytes, entries,
+  listings) and of objects pushed into the page cache, written by C
+  where they are written; ``shardfs_errors_total``: error answers, but
+  the normal ones (ENOENT of an absent name, ENODATA, ERANGE, ENOTTY,
+  ENOSYS, EROFS).
 - ``shardfs_shards``, ``shardfs_objects``: shards and objects (header
   counts) served.
 - ``shardfs_workers``, ``shardfs_worker_restarts_total``: worker
@@ -116,6 +122,14 @@ class MountCollector:
                                   "Objects written into the kernel's page cache ahead of their reads", value=pushed)
         yield CounterMetricFamily("shardfs_push_refused", "Pushes into the page cache the kernel refused",
                                   value=refused)
+        written = self.state.written()
+        yield CounterMetricFamily("shardfs_answered_bytes", "Bytes of answers to FUSE requests, after their headers",
+                                  value=written["reply_bytes"])
+        yield CounterMetricFamily("shardfs_pushed_bytes", "Bytes of objects written into the kernel's page cache",
+                                  value=written["pushed_bytes"])
+        yield CounterMetricFamily("shardfs_errors",
+                                  "Error answers (not counting ENOENT, ENODATA, ERANGE, ENOTTY, ENOSYS, EROFS: normal answers)",
+                                  value=written["errors"])
         own = self.figures()
         yield GaugeMetricFamily("shardfs_shards", "Shards served", value=own["shards"])
         yield GaugeMetricFamily("shardfs_objects", "Objects served (the shards' header counts)",

@@ -128,10 +128,14 @@ PY_LOOKUPS, PY_PROBES, PY_HASH_PROBES = 36, 37, 38
 assert KINDS + len(REQUEST_KINDS) <= PY_LOOKUPS
 #: First word of a row's PYTHON_KINDS counters (after the Python handlers' lookups and probes).
 PYTHON = PY_HASH_PROBES + 1
+#: First of a row's IO_WORDS words (bytes answered, bytes pushed, error
+#: answers: counted by C where they are written, atomically: shardfs/c/ll.h).
+IO = PYTHON + len(PYTHON_KINDS)
+IO_WORDS = _shardfs.IO_WORDS
 #: Word of a row holding its worker's process ID (written by the coordinator
 #: that forks it; 0: none), read by a coordinator taking over.
 PID = ROW_WORDS - 1
-assert PYTHON + len(PYTHON_KINDS) <= PID
+assert IO + len(IO_WORDS) <= PID
 
 
 class SharedState:
@@ -371,6 +375,18 @@ class SharedState:
         words = self.words
         return sum(words[r + HASH_PROBES] + words[r + PY_HASH_PROBES]
                    for r in (self.row(p) for p in range(self.workers)))
+
+    def io(self, position: int) -> memoryview:
+        """The IO_WORDS counters of worker `position` (native int64 words),
+        for the C request path to count in."""
+        base = self.row(position) + IO
+        return self.words[base:base + len(IO_WORDS)]
+
+    def written(self) -> Dict[str, int]:
+        """What every worker wrote to the FUSE device: {"reply_bytes",
+        "pushed_bytes", "errors"} (IO_WORDS; bytes, answers)."""
+        return {name: sum(self.words[self.row(p) + IO + i] for p in range(self.workers))
+                for i, name in enumerate(IO_WORDS)}
 
     def pushes(self) -> Tuple[int, int]:
         """(objects pushed ahead of their reads into the kernel's page

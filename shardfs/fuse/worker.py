@@ -134,6 +134,9 @@ class WorkerHooks(RequestHooks):
     def coordinator_restarts(self) -> int:
         return self.state.words[COORDINATOR_RESTARTS]
 
+    def written(self) -> Dict[str, int]:
+        return self.state.written()
+
     def start(self) -> None:
         """Take over the row (a replacement keeps counting from the totals
         of the worker it replaces: only what its shard set counts from now
@@ -322,7 +325,8 @@ def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinato
         # The C request path's own words (stats[0..4] of ll_fast.c); the
         # handlers count in the row's PY_ words (end above).
         rc = session.serve(threads, counts=state.counts(position), seq=state.words[SEQ:SEQ + 1],
-                           stats=state.words[row + LOOKUPS:row + HASH_PROBES + 1], hist=state.hist(position))
+                           stats=state.words[row + LOOKUPS:row + HASH_PROBES + 1], hist=state.hist(position),
+                           io=state.io(position))
         status = 0 if rc == 0 else 1
         if fs.winery is not None:
             fs.winery.close()  # this worker's database connections

@@ -188,7 +188,7 @@ def test_worker_that_never_saw_a_held_shard_reads_it(tmp_path):
 
     from shardfs.fuse.coordinator import Coordinator
     from shardfs.fuse.handlers import FUSEError, ShardFS
-    from shardfs.fuse.layout import ROOT_INODE, object_inode
+    from shardfs.fuse.layout import ROOT_INODE, Layout, object_inode
     from shardfs.fuse.worker import apply_table
     from shardfs.shardset import ShardSet
 
@@ -203,7 +203,8 @@ def test_worker_that_never_saw_a_held_shard_reads_it(tmp_path):
         member.held = coordinator.open_shard(member)  # what Coordinator._hold does
         os.unlink(path)
         coordinator.remove(member)
-        table = Coordinator.table(types.SimpleNamespace(shards=coordinator, catalog=None))
+        table = Coordinator.table(types.SimpleNamespace(shards=coordinator, catalog=None, pid=os.getpid(),
+                                                        fs=types.SimpleNamespace(layout=Layout.flat())))
         apply_table(worker, table, os.getpid())
         fs = ShardFS(worker)
         assert fs.lookup(ROOT_INODE, key.encode()) is None

@@ -436,11 +436,9 @@ class Coordinator:
         coordinator that dies is replaced (`shardfs.fuse.supervisor`)."""
         if self.supervisor is None:
             return
-        from shardfs.fuse import supervisor
-
         self.state.set_init(self.session.init_request() or b"")
         try:
-            supervisor.send(self.supervisor, b"session", (self.session.fileno(), self.state.fd))
+            supervisor_mod.send(self.supervisor, b"session", (self.session.fileno(), self.state.fd))
         except OSError as exc:
             log.warning("cannot hand the connection to the supervisor: %s", exc)
 
@@ -496,10 +494,8 @@ class Coordinator:
         self._positions[pid] = position
         self.state.words[self.state.row(position) + PID] = pid
         if clone >= 0 and self.supervisor is not None:
-            from shardfs.fuse import supervisor
-
             try:
-                supervisor.send(self.supervisor, b"worker %d" % pid, (clone,))
+                supervisor_mod.send(self.supervisor, b"worker %d" % pid, (clone,))
             except OSError as exc:
                 log.warning("cannot give the supervisor worker %d's clone: %s", pid, exc)
             os.close(clone)
@@ -578,11 +574,9 @@ class Coordinator:
     def _read_supervisor(self) -> None:
         """Take the supervisor's messages ("exit PID CODE": a worker
         exited; its requests were queued again, its clone let go)."""
-        from shardfs.fuse import supervisor
-
         while self.supervisor is not None:
             try:
-                message, fds = supervisor.receive(self.supervisor)
+                message, fds = supervisor_mod.receive(self.supervisor)
             except BlockingIOError:
                 return
             except OSError as exc:

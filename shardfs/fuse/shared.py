@@ -85,12 +85,12 @@ TABLE_BYTES = 64 << 20
 RING_ENTRIES = 1 << 18
 RING_WORDS = 6
 
-_HEADER_WORDS = 512  # [SEQ] table sequence, [1] table length in bytes, [2] change's length, [3] its base,
+_HEADER_WORDS = 512  # [SEQ] table sequence, [1] unused, [2] change's length, [3] its base,
 # [RESTARTS] workers that died and were replaced (the coordinator's), [VERSION], [WORKERS], [COORDINATOR_RESTARTS],
 # [_ACTIVE] the region of the table last written whole, [_REGION_LEN + r] its length in bytes
 #: Word of the table's sequence number (even; odd while it is written).
 SEQ = 0
-_TABLE_LEN = 1
+# (word 1, the table's length before it had two regions, is not used)
 _CHANGE_LEN = 2
 _CHANGE_BASE = 3
 #: Word of the count of workers that died and were replaced (written by the coordinator).
@@ -255,7 +255,6 @@ class SharedState:
         self.mm[table + len(data):table + len(data) + len(delta)] = delta
         words[_REGION_LEN + active] = len(data)
         words[_ACTIVE] = active
-        words[_TABLE_LEN] = len(data)
         words[_CHANGE_LEN] = len(delta)
         words[_CHANGE_BASE] = seq if seq > 0 and delta else -1  # none before the first table
         words[SEQ] = seq + 2
@@ -277,7 +276,8 @@ class SharedState:
             if seen < 0 or words[_CHANGE_BASE] != seen:
                 full = self.read()
                 return full[0], full[1], False
-            start = self._regions[words[_ACTIVE] & 1] + words[_TABLE_LEN]
+            active = words[_ACTIVE] & 1
+            start = self._regions[active] + words[_REGION_LEN + active]
             data = bytes(self.mm[start:start + words[_CHANGE_LEN]])
             if words[SEQ] != seq:
                 continue
@@ -293,8 +293,9 @@ class SharedState:
             if seq & 1:
                 time.sleep(0.0001)
                 continue
-            table = self._regions[words[_ACTIVE] & 1]
-            data = bytes(self.mm[table:table + words[_TABLE_LEN]])
+            active = words[_ACTIVE] & 1
+            table = self._regions[active]
+            data = bytes(self.mm[table:table + words[_REGION_LEN + active]])
             if words[SEQ] != seq:
                 continue
             self._last = (seq, json.loads(data))

@@ -30,7 +30,6 @@ ends (the filesystem was unmounted).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import logging
@@ -56,9 +55,6 @@ FUSE_DEV_IOC_CLONE = 0x8004E500
 #: Word of each handler's counter in a row's PYTHON_KINDS counters.
 _PYTHON_INDEX = {kind: i for i, kind in enumerate(PYTHON_KINDS)}
 _PYTHON_OTHER = _PYTHON_INDEX["other"]
-
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
 
 #: Process names (/proc/PID/comm, what ps and top show) of a mount's
 #: workers and of its sidecar builder; the coordinator keeps its own.
@@ -260,15 +256,12 @@ def _wait_adopted(middle: int, supervisor: int) -> None:
         os._exit(1)
 
 
-def _die_with(coordinator: int, name: bytes) -> None:
-    """Be killed when `coordinator` dies (exit now if it already has), and
-    take the process name `name` (at most 15 bytes)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != coordinator:  # it died before the line above
-        os._exit(1)
-    libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+def _die_with(parent: int, name: bytes) -> None:
+    """Be killed when `parent` (this process's parent: the supervisor or
+    the coordinator) dies, exit now if it already has, and take the
+    process name `name` (at most 15 bytes)."""
+    supervisor_mod.die_with_parent(signal.SIGKILL, parent)
+    supervisor_mod.set_name(name)
 
 
 def run(fs: ShardFS, session: Any, state: SharedState, position: int, coordinator: int, threads: int,
